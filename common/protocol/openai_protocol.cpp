@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "common/jinja/unicode.h"
@@ -27,6 +28,11 @@ constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr size_t kMaxStopStrings = 4;
+// Each engine request holds its own matcher of the stop strings (the text
+// and a table of 8 bytes per byte): a bound keeps a batch of 256 engine
+// requests within a few MiB (vLLM sets none; stop strings in use are a few
+// bytes to a few lines).
+constexpr size_t kMaxStopStringBytes = 4096;
 // Every sequence checks each sampled token against these: a bound keeps
 // that work small (vLLM sets none; a few dozen is the most seen in use).
 constexpr size_t kMaxStopTokenIds = 1024;
@@ -348,6 +354,30 @@ void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count
   asked = std::max<int32_t>(asked.value_or(0), static_cast<int32_t>(count));
 }
 
+// The prompt logprob entries an answer carries: every choice of every
+// prompt holds its prompt's (vLLM's layout), each position with its
+// `prompt_logprobs` alternatives and the prompt's own token. A bound keeps
+// what a small body makes the server build and send small; over it, a 400
+// naming the field that asked for them.
+std::optional<ApiError> checkPromptLogprobEntries(const ParsedRequest& first,
+                                                  std::span<const ParsedRequest> prompts) {
+  const std::optional<int32_t> asked = first.request.sampling.prompt_logprobs;
+  if (!asked) return std::nullopt;
+  int64_t entries = 0;
+  for (const ParsedRequest& one : prompts) {
+    entries += static_cast<int64_t>(one.request.prompt.size()) * (*asked + 1) * one.n;
+  }
+  if (entries <= kMaxPromptLogprobEntries) return std::nullopt;
+  const char* field = first.prompt_logprobs ? "prompt_logprobs" : "echo";
+  return invalidRequest(
+      std::string(field) + " asks for " + std::to_string(entries) +
+          " prompt logprob entries (prompt tokens x " + std::to_string(*asked + 1) +
+          " per position x n, summed over the prompts); at most " +
+          std::to_string(kMaxPromptLogprobEntries) +
+          " are answered in one request (ask for fewer alternatives, choices or prompts)",
+      field);
+}
+
 // Python's str.lstrip(): the leading code points str.isspace() holds for
 // (the request is valid UTF-8: parseJsonObject checked it).
 std::string_view stripLeadingSpace(std::string_view text) {
@@ -528,10 +558,16 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
   if (fields.readInt("n", 1, kMaxChoices, &integer)) parsed.n = integer;
   parsed.best_of = parsed.n;
 
+  auto stopTooLong = [](const std::string& name, const std::string& text) {
+    return name + " must be at most " + std::to_string(kMaxStopStringBytes) + " bytes, got " +
+           std::to_string(text.size());
+  };
   if (const RequestJson* stop = fields.find("stop")) {
     if (stop->is_string()) {
       if (stop->get<std::string>().empty()) {
         fields.fail("stop must not be empty", "stop");
+      } else if (stop->get<std::string>().size() > kMaxStopStringBytes) {
+        fields.fail(stopTooLong("stop", stop->get<std::string>()), "stop");
       } else {
         sampling.stop = {stop->get<std::string>()};
       }
@@ -548,6 +584,8 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
           fields.fail(name + " must be a string, got " + item.type_name(), name);
         } else if (item.get<std::string>().empty()) {
           fields.fail(name + " must not be empty", name);
+        } else if (item.get<std::string>().size() > kMaxStopStringBytes) {
+          fields.fail(stopTooLong(name, item.get<std::string>()), name);
         } else {
           sampling.stop.push_back(item.get<std::string>());
         }
@@ -982,6 +1020,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     }
     batch.push_back(std::move(one));
   }
+  if (auto error = checkPromptLogprobEntries(batch.front(), batch)) return *error;
   parsed = std::move(batch.front());
   for (size_t i = 1; i < batch.size(); ++i) parsed.batch.push_back(std::move(batch[i]));
   parsed.body = std::move(root).value();
@@ -1097,6 +1136,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;
   }
+  if (auto error = checkPromptLogprobEntries(parsed, std::span(&parsed, 1))) return *error;
   parsed.body = std::move(root).value();
   // Whoever renders the forwarded body (a prefill and a decode agent, a
   // resuming one) shows the time this render showed.

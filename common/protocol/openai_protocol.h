@@ -118,6 +118,9 @@ inline constexpr int64_t kMaxBatchedPrompts = 256;
 // bad_words' tokens) a batch's engine requests hold together: each holds
 // its own copy (32 MiB of them at most).
 inline constexpr int64_t kMaxBatchedTokenListEntries = int64_t{1} << 22;
+// The prompt logprob entries one answer may carry (prompt tokens x
+// (prompt_logprobs + 1) x n, summed over its prompts): about 60 MiB of JSON.
+inline constexpr int64_t kMaxPromptLogprobEntries = int64_t{1} << 20;
 
 // Values a request body may hold by default: the token ids of a 1M-token
 // prompt, or a conversation with tools far larger than any context window.

@@ -280,6 +280,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
   for (int i = 0; i < 64; ++i) ids_64 += (i ? ",7" : "7");
   ids_64 += "]";
 
+  const std::string stop_4097(4097, 'x');
+  const std::string stop_4096(4096, 'x');
+
   const std::vector<BadCase> cases = {
       // Body and model.
       bad("{", "",
@@ -401,6 +404,11 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "stop must have at most 4 strings, got 5"),
       bad(completion(R"("stop": ["a", 1])"), "stop[1]", "stop[1] must be a string, got number"),
       bad(completion(R"("stop": ["a", ""])"), "stop[1]", "stop[1] must not be empty"),
+      // Each engine request holds its own matcher of them.
+      bad(completion("\"stop\": \"" + stop_4097 + "\""), "stop",
+          "stop must be at most 4096 bytes, got 4097"),
+      bad(completion("\"stop\": [\"a\", \"" + stop_4097 + "\"]"), "stop[1]",
+          "stop[1] must be at most 4096 bytes, got 4097"),
       bad(completion(R"("stop_token_ids": [3, 512])"), "stop_token_ids[1]",
           "stop_token_ids[1] must be a token id between 0 and 511, got 512"),
       bad(completion(R"("stop_token_ids": "x")"), "stop_token_ids",
@@ -519,6 +527,10 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
   for (const BadCase& c : cases) {
     expectRefused(parseCompletionRequest(c.body, testLimits(), tokenizer()), c);
   }
+  auto longest = parseCompletionRequest(completion("\"stop\": [\"" + stop_4096 + "\"]"),
+                                        testLimits(), tokenizer());
+  ASSERT_TRUE(longest.isOk()) << longest.error().message;
+  EXPECT_EQ(longest.value().request.sampling.stop, std::vector<std::string>{stop_4096});
 }
 
 // A constraint the compilers refuse: a 400 naming the field, then the
@@ -1742,6 +1754,55 @@ TEST_F(ProtocolTest, CompletionsTakeMaxCompletionTokensAndNeutralValues) {
     ASSERT_TRUE(parsed.isOk()) << parsed.error().message;
     EXPECT_EQ(parsed.value().best_of, parsed.value().n);
   }
+}
+
+// Every choice of every prompt carries its prompt's logprobs: what a small
+// body asks for is bounded (prompt tokens x (prompt_logprobs + 1) x n,
+// summed over the prompts), on both endpoints and for echo's too. Before, a
+// 99 KB body made a 369 MB answer.
+TEST_F(ProtocolTest, PromptLogprobEntriesAreBounded) {
+  ServerLimits limits = testLimits();
+  limits.max_model_len = 100000;
+  limits.max_logprobs = 20;
+  auto ids = [](int count) {
+    std::string text = "[";
+    for (int i = 0; i < count; ++i) text += (i ? ",7" : "7");
+    return text + "]";
+  };
+  auto body = [&](int tokens, const std::string& fields) {
+    return R"({"model": "tiny-model", "prompt": )" + ids(tokens) + ", " + fields + "}";
+  };
+  // 3,120 x 21 x 16 = 1,048,320 entries: the most, nearly.
+  auto most =
+      parseCompletionRequest(body(3120, R"("prompt_logprobs": 20, "n": 16)"), limits, tokenizer());
+  EXPECT_TRUE(most.isOk()) << most.error().message;
+  expectRefused(
+      parseCompletionRequest(body(3121, R"("prompt_logprobs": 20, "n": 16)"), limits, tokenizer()),
+      bad(body(3121, ""), "prompt_logprobs",
+          "prompt_logprobs asks for 1048656 prompt logprob entries (prompt tokens x 21 per "
+          "position x n, summed over the prompts); at most 1048576 are answered in one request "
+          "(ask for fewer alternatives, choices or prompts)"));
+  // Summed over a batch's prompts: 16 prompts of 700 tokens, n = 16.
+  std::string batch = R"({"model": "tiny-model", "prompt": [)";
+  for (int i = 0; i < 16; ++i) batch += (i ? "," : "") + ids(700);
+  batch += R"(], "prompt_logprobs": 5, "n": 16})";
+  auto refused = parseCompletionRequest(batch, limits, tokenizer());
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.error().param, "prompt_logprobs");
+  // Completions' echo with logprobs asks for them too.
+  auto echoed = parseCompletionRequest(body(50000, R"("echo": true, "logprobs": 20, "n": 2)"),
+                                       limits, tokenizer());
+  ASSERT_FALSE(echoed.isOk());
+  EXPECT_EQ(echoed.error().param, "echo");
+  // Chat.
+  std::string long_text;
+  for (int i = 0; i < 5000; ++i) long_text += "Hello world ";
+  auto chatted = parseChatCompletionRequest(
+      R"({"model": "tiny-model", "messages": [{"role": "user", "content": ")" + long_text +
+          R"("}], "prompt_logprobs": 20, "n": 16})",
+      limits, tokenizer());
+  ASSERT_FALSE(chatted.isOk());
+  EXPECT_EQ(chatted.error().param, "prompt_logprobs") << chatted.error().message;
 }
 
 // A template that loops over content gets the parts as a list (vLLM's
