@@ -109,6 +109,40 @@ std::string unknownTransferCoding(const http::request_header<>& message) {
   return {};
 }
 
+// What is wrong with the request's Transfer-Encoding besides an unknown
+// coding (unknownTransferCoding): RFC 9112 section 6.1 lets a sender apply
+// chunked once, as the final coding, and every field line is one list
+// (RFC 9110 section 5.3). Beast read "chunked, chunked", or an empty value,
+// as a request without a body, and the body's bytes as the next request: a
+// proxy that reads the RFC sees one request where this server saw two.
+// Empty when nothing is wrong (or there is no Transfer-Encoding).
+std::string transferEncodingProblem(const http::request_header<>& message) {
+  const auto [first, last] = message.equal_range(http::field::transfer_encoding);
+  if (first == last) return {};
+  size_t codings = 0;
+  std::string listed;
+  for (auto field = first; field != last; ++field) {
+    const http::ext_list list{field->value()};
+    codings += static_cast<size_t>(std::distance(list.begin(), list.end()));
+    listed += (listed.empty() ? "" : ", ") + std::string(field->value());
+  }
+  if (codings == 1) return {};
+  return "Transfer-Encoding must name chunked once, got \"" + listed + "\"";
+}
+
+// Whether any Connection field line lists "close": the lines are one list
+// (RFC 9110 sections 5.3 and 7.6.1), and Beast's keep_alive() reads the
+// first alone.
+bool asksToClose(const http::request_header<>& message) {
+  const auto [first, last] = message.equal_range(http::field::connection);
+  for (auto field = first; field != last; ++field) {
+    for (const auto& token : http::token_list{field->value()}) {
+      if (boost::beast::iequals(token, "close")) return true;
+    }
+  }
+  return false;
+}
+
 // The path and query of a request target: an absolute-form target
 // ("http://host:port/path?query", which RFC 9112 section 3.2.2 says a
 // server must accept) loses its scheme and authority; others are as sent.
@@ -361,6 +395,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
               "not_implemented_error"));
           break;
         }
+        if (std::string problem = transferEncodingProblem(parser.get()); !problem.empty()) {
+          co_await refuse(httpErrorResponse(400, "malformed HTTP request: " + problem,
+                                            "invalid_request_error"));
+          break;
+        }
       }
       if (!ec && over_bound_) {
         served_over_bound_ =
@@ -378,6 +417,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         // KV event stream) keeps no refusal slot.
         service_.countOverBoundServed();
         arm(limits.request_timeout);
+      }
+      // A large body takes one of few slots while it arrives: a client
+      // without the API key is answered before it can take one (two slow
+      // uploads would otherwise refuse everyone's large bodies).
+      if (!ec && !parser.is_done() && isLarge(parser, limits) &&
+          !service_.authorized(originForm(std::string(parser.get().target())),
+                               std::string(parser.get()[http::field::authorization]))) {
+        co_await refuse(unauthorizedResponse());
+        break;
       }
       LargeRequest large(service_);
       if (!ec && !parser.is_done() && isLarge(parser, limits) && !large.enter()) {
@@ -426,7 +474,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
           given.find_first_not_of(kRequestIdChars) == std::string::npos) {
         request.id = given + "-" + request.id;
       }
-      keep_alive_ = message.keep_alive() && !over_bound_;
+      keep_alive_ = message.keep_alive() && !asksToClose(message) && !over_bound_;
       head_ = message.method() == http::verb::head;
       http10_ = message.version() < 11;
 
@@ -1154,9 +1202,13 @@ void HttpService::requireApiKey(std::string key, std::vector<std::string> exempt
 }
 
 bool HttpService::authorized(const HttpRequest& request) const {
+  return authorized(request.path, request.header("authorization"));
+}
+
+bool HttpService::authorized(const std::string& target, const std::string& header) const {
   if (api_key_.empty()) return true;
-  if (matchesPath(api_key_exempt_, request.path)) return true;
-  const std::string header = request.header("authorization");
+  const std::string path = target.substr(0, target.find('?'));
+  if (matchesPath(api_key_exempt_, path)) return true;
   constexpr std::string_view kBearer = "Bearer ";
   if (header.size() < kBearer.size() ||
       !std::equal(kBearer.begin(), kBearer.end(), header.begin(), [](char a, char b) {

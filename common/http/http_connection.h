@@ -362,6 +362,9 @@ class HttpService {
   // io_context (at destruction, after stop()) is declared before it, so
   // that it is still there.
   bool authorized(const HttpRequest& request) const;
+  // The same check on a request's head: its target (path and query) and its
+  // Authorization header.
+  bool authorized(const std::string& target, const std::string& header) const;
 
   HttpLimits limits_;
   int io_threads_;

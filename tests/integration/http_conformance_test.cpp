@@ -377,6 +377,17 @@ TEST(HttpConformance, MalformedRequestsGetTheSameAnswerFromTheAgentAndTheRouter)
        "POST /tokenize HTTP/1.1\r\nHost: agent\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
        "5\r\nabcde\r\n0\r\n\r\n",
        501},
+      // Chunked applied twice, or no coding at all, was read as a request
+      // without a body, and the body's bytes as the next request (here a
+      // GET that was answered too): a proxy reading the RFC sees one.
+      {"Transfer-Encoding: chunked, chunked",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nTransfer-Encoding: chunked, chunked\r\n\r\n"
+       "GET /v1/models HTTP/1.1\r\nHost: agent\r\n\r\n",
+       400},
+      {"an empty Transfer-Encoding",
+       "POST /tokenize HTTP/1.1\r\nHost: agent\r\nTransfer-Encoding: \r\n\r\n"
+       "GET /v1/models HTTP/1.1\r\nHost: agent\r\n\r\n",
+       400},
       {"a header line without a colon",
        "POST /tokenize HTTP/1.1\r\nHost: agent\r\nX-Broken header line\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body,

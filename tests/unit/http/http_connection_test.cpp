@@ -76,7 +76,9 @@ struct SlowWork {
 
 class Service {
  public:
-  explicit Service(HttpLimits limits = HttpLimits{}) : service_(limits, 2, 2) {
+  explicit Service(HttpLimits limits = HttpLimits{}, std::string api_key = {})
+      : service_(limits, 2, 2) {
+    if (!api_key.empty()) service_.requireApiKey(std::move(api_key), {});
     service_.get("/boom", [](const HttpRequest&, HttpResponse&) {
       throw std::runtime_error("secret detail \xff of the failure");
     });
@@ -522,6 +524,53 @@ bool closedByServer(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   char byte;
   return ::recv(fd, &byte, 1, 0) == 0;
+}
+
+// A large body takes one of few slots while it arrives. A client without
+// the API key is answered 401 on its head, before it takes one: two slow
+// uploads without a key made every large or chunked body 503 for as long
+// as they went on.
+TEST(HttpService, ALargeBodyWithoutTheApiKeyIsRefusedBeforeItTakesASlot) {
+  HttpLimits limits;
+  limits.large_body_bytes = 1024;
+  limits.max_large_requests = 1;
+  Service service(limits, "secret-key");
+  std::vector<int> stalled;
+  for (const char* framing : {"Content-Length: 2000", "Transfer-Encoding: chunked"}) {
+    SCOPED_TRACE(framing);
+    const int fd = connectLoopback(service.port());
+    ASSERT_GE(fd, 0);
+    stalled.push_back(fd);
+    // The head, then nothing of the body.
+    ASSERT_TRUE(
+        sendAll(fd, std::string("POST /echo HTTP/1.1\r\nHost: t\r\n") + framing + "\r\n\r\n"));
+    const std::string answer = readResponse(fd);
+    EXPECT_TRUE(answer.starts_with("HTTP/1.1 401")) << answer;
+    EXPECT_NE(answer.find("invalid_api_key"), std::string::npos) << answer;
+  }
+  // The one slot is free: an authorized large body is served.
+  httplib::Client client = service.client();
+  client.set_bearer_token_auth("secret-key");
+  auto served = client.Post("/echo", std::string(2000, 'x'), "text/plain");
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200);
+  EXPECT_EQ(served->body.size(), 2000u);
+  for (int fd : stalled) ::close(fd);
+}
+
+// Connection field lines form one list (RFC 9110 section 7.6.1): "close" in
+// the second line closes the connection after the answer, as in the first.
+TEST(HttpService, CloseInAnyConnectionLineClosesTheConnection) {
+  Service service;
+  const int fd = connectLoopback(service.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(sendAll(fd,
+                      "GET /nowhere HTTP/1.1\r\nHost: t\r\nConnection: keep-alive\r\n"
+                      "Connection: close\r\n\r\n"));
+  const std::string answer = readResponse(fd);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 404")) << answer;
+  EXPECT_TRUE(closedByServer(fd));
+  ::close(fd);
 }
 
 constexpr const char* kNotFound = "GET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n";
