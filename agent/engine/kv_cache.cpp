@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/check.h"
+#include "common/host_memory.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -70,6 +71,14 @@ KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> a
   TANDEM_CHECK(allocator_ != nullptr, "KvCache needs an allocator");
   block_bytes_ = static_cast<size_t>(config_.blockBytes());
   slab_bytes_ = block_bytes_ * static_cast<size_t>(config_.num_blocks);
+  if (const std::optional<bool> committed = allocator_->commitsHostMemory()) {
+    // Committed shared memory is made in /dev/shm (UCX's posix allocator).
+    requireHostMemoryFor(slab_bytes_,
+                         "the KV cache of " + std::to_string(config_.num_blocks) +
+                             " blocks (--kv-cache-memory, --num-blocks) from the " +
+                             allocator_->name() + " allocator",
+                         *committed, *committed ? "/dev/shm" : "");
+  }
   slab_ = static_cast<uint8_t*>(allocator_->allocate(slab_bytes_));
   if (slab_ == nullptr) {
     throw Error("cannot allocate the KV cache: " + std::to_string(slab_bytes_) + " bytes for " +

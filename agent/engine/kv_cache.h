@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,11 @@ class KvSlabAllocator {
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* data, size_t bytes) = 0;
   virtual std::string name() const = 0;
+  // Whether the slab is host memory, and whether it is committed when
+  // allocated (true) or as it is first touched (false); none: device
+  // memory. A slab larger than the host's memory is then refused before it
+  // is allocated (common/host_memory.h).
+  virtual std::optional<bool> commitsHostMemory() const { return std::nullopt; }
   // Called by the engine before allocate() with the backend that computes on
   // the slab, so an allocator can place the slab in that backend's memory
   // (e.g. device memory it then registers with a transport). Default: none.
@@ -53,6 +59,7 @@ class HostSlabAllocator : public KvSlabAllocator {
   void* allocate(size_t bytes) override;
   void release(void* data, size_t bytes) override;
   std::string name() const override { return "host"; }
+  std::optional<bool> commitsHostMemory() const override { return false; }
 };
 
 // The slab in a compute backend's memory (Backend::allocate), for backends

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agent/engine/kv_cache.h"
@@ -45,6 +46,10 @@ class UcxSlabAllocator : public engine::KvSlabAllocator {
   void* allocate(size_t bytes) override;
   void release(void* data, size_t bytes) override;
   std::string name() const override { return device_ != nullptr ? "ucx-device" : "ucx"; }
+  // Host slabs are shared memory, committed at once (commitHostSlab).
+  std::optional<bool> commitsHostMemory() const override {
+    return device_ != nullptr ? std::nullopt : std::optional<bool>(true);
+  }
   void bindBackend(kernels::Backend& backend) override;
 
   // Valid between allocate() and release(); nullptr / 0 / "" otherwise.

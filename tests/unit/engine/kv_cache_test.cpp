@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/host_memory.h"
 #include "common/status.h"
 
 namespace tandem::engine {
@@ -102,6 +103,61 @@ TEST(KvCache, RefusesBadConfigurations) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("failing allocator"), std::string::npos) << e.what();
   }
+}
+
+// Host memory committed at once (UCX's shared-memory slab) or as it is
+// touched: a slab larger than the host's memory is refused before the
+// allocator is asked, naming the KV cache and the figure it exceeds. Before,
+// a UCX slab larger than RAM filled /dev/shm until the OOM killer came,
+// killing other processes and leaving the file behind.
+class HostCommitAllocator : public CountingAllocator {
+ public:
+  HostCommitAllocator(int* live, bool committed) : CountingAllocator(live), committed_(committed) {}
+  std::optional<bool> commitsHostMemory() const override { return committed_; }
+
+ private:
+  bool committed_;
+};
+
+TEST(KvCache, ASlabLargerThanTheHostsMemoryIsRefusedBeforeItIsAllocated) {
+  const std::optional<uint64_t> total = memInfoBytes("MemTotal");
+  const std::optional<uint64_t> available = memInfoBytes("MemAvailable");
+  ASSERT_TRUE(total && available);
+  ASSERT_GT(*total, 0u);
+  for (bool committed : {false, true}) {
+    SCOPED_TRACE(committed ? "committed" : "lazy");
+    KvCacheConfig config = smallConfig();
+    // More blocks than the host's memory holds.
+    config.num_blocks = static_cast<int64_t>(*total / config.blockBytes() + 1);
+    int live = 0;
+    try {
+      KvCache cache(config, std::make_unique<HostCommitAllocator>(&live, committed));
+      FAIL() << "a slab larger than the host's memory was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("the KV cache of " + std::to_string(config.num_blocks) + " blocks"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("it cannot fit"), std::string::npos) << what;
+    }
+    EXPECT_EQ(live, 0) << "the allocator was asked";
+  }
+  // Committed at once, more than is available now (yet within MemTotal when
+  // the host's memory is in use) is refused too; lazily, it is allowed.
+  if (*available + (64u << 20) < *total) {
+    KvCacheConfig config = smallConfig();
+    config.num_blocks = static_cast<int64_t>((*available + (32u << 20)) / config.blockBytes());
+    int live = 0;
+    EXPECT_THROW(KvCache(config, std::make_unique<HostCommitAllocator>(&live, true)), Error);
+    EXPECT_EQ(live, 0);
+  }
+  // A small slab is allocated.
+  int live = 0;
+  {
+    KvCache cache(smallConfig(), std::make_unique<HostCommitAllocator>(&live, true));
+    EXPECT_EQ(live, 1);
+  }
+  EXPECT_EQ(live, 0);
 }
 
 // An fp8 cache holds one byte per element and hands the kernels its
