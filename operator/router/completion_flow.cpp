@@ -591,6 +591,22 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       admitNewcomers();
     }
   };
+  // No agent to resume a broken stream on now, but one may come (the
+  // replacement of a lone agent, started once it stopped; agents that
+  // drained all at once and their rollout's new ones): looked for every
+  // 100 ms until the move's time is up or the client leaves. The first
+  // position from `from` whose agent is fit, or decode_order.size().
+  auto waitForFit = [&](size_t from) -> awaitable<size_t> {
+    size_t next = nextFit(from);
+    while (next >= decode_order.size() && splice->continuations() < max_migrations_ &&
+           !exchange.clientGone() && secondsSince(*first_break) <= migration_timeout_s_) {
+      asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
+      boost::system::error_code ignored;
+      co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+      next = nextFit(from);
+    }
+    co_return next;
+  };
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
     // A copy: admitting newcomers grows decode_agents.
     const AgentPtr decode = decode_agents[decode_order[attempt]];
@@ -711,18 +727,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         metrics_.countDecision(label);
         co_return;
       }
-      // No agent to resume on now, but one may come (the replacement of a
-      // lone agent, started once it stopped; agents that drained all at
-      // once and their rollout's new ones): looked for every 100 ms until
-      // the move's time is up or the client leaves.
-      while (splice && one_choice && next >= decode_order.size() &&
-             splice->continuations() < max_migrations_ && !exchange.clientGone() &&
-             secondsSince(*first_break) <= migration_timeout_s_) {
-        asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
-        boost::system::error_code ignored;
-        co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
-        next = nextFit(attempt + 1);
-      }
+      if (splice && one_choice) next = co_await waitForFit(attempt + 1);
       const NoMove why_not =
           !one_choice                                            ? NoMove::kSeveralChoices
           : splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
@@ -805,7 +810,24 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
                                      NoMove::kTimedOut, migration_timeout_s_));
       co_return;
     }
-    attempt = nextFit(attempt + 1) - 1;  // the loop's increment makes it the next fit one
+    // A resumed stream waits for an agent to come, as at its break: the
+    // agent it was resumed on may have been draining too, not yet seen
+    // unhealthy (every agent of a pool replaced at once).
+    const size_t next = migrating && parsed.value().n == 1 && parsed.value().batch.empty()
+                            ? co_await waitForFit(attempt + 1)
+                            : nextFit(attempt + 1);
+    if (migrating && next >= decode_order.size()) {
+      metrics_.countMigration("failure", "exhausted");
+      co_await releaseLend();
+      co_await endStreamWithError(
+          exchange,
+          exhaustedMessage(decode->endpoint.name, "", splice->continuations(),
+                           secondsSince(*first_break) > migration_timeout_s_ ? NoMove::kTimedOut
+                                                                             : NoMove::kNoAgentLeft,
+                           migration_timeout_s_));
+      co_return;
+    }
+    attempt = next - 1;  // the loop's increment makes it the next fit one
   }
   co_await releaseLend();
   metrics_.countDecision("rejected");

@@ -1559,6 +1559,74 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
   }
 }
 
+// Every decode agent drains at once (a pool renamed, or replaced by an
+// edit) and their replacements are listed a moment later. A stream handed
+// over by one draining agent may be resumed on the other before the router
+// has seen it draining; that agent refuses it, and the stream waits for an
+// agent to come, as at its break, then resumes on a replacement. Before, it
+// ended with "every decode agent failed this request" though the new
+// agents were healthy 100 ms later.
+TEST_F(RouterTest, StreamsOfDecodeAgentsDrainedAllAtOnceResumeOnTheirReplacements) {
+  start(1, 2, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
+  const std::vector<json> bodies = streamBodies(6, 600, 240);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  std::vector<std::unique_ptr<Agent>> replacements;
+  for (int i = 0; i < 2; ++i) {
+    replacements.push_back(std::make_unique<Agent>(
+        std::vector<std::string>{"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
+        smallModelDir()));
+  }
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  double running = 0;
+  bool drained = false;
+  std::thread replacer([&] {
+    if (!eventually(
+            [&] {
+              return decode_[0]->metric("tandem_num_requests_running") >= 2 &&
+                     decode_[1]->metric("tandem_num_requests_running") >= 2;
+            },
+            std::chrono::seconds(20))) {
+      return;
+    }
+    running = decode_[0]->metric("tandem_num_requests_running") +
+              decode_[1]->metric("tandem_num_requests_running");
+    // Both at once, from two threads.
+    std::atomic<int> accepted{0};
+    std::vector<std::thread> drains;
+    for (auto& agent : decode_) {
+      drains.emplace_back([&agent, &accepted] {
+        auto res = agent->client()->Post("/admin/drain", "{}", "application/json");
+        if (res && res->status == 202) ++accepted;
+      });
+    }
+    for (auto& drain : drains) drain.join();
+    drained = accepted == 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-b0", "127.0.0.1", replacements[0]->port()},
+                        {"decode-b1", "127.0.0.1", replacements[1]->port()}});
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(drained) << "the decode agents never both ran two streams, or refused the drain";
+  EXPECT_GE(running, 4) << "the streams ended before the drains: nothing was tested";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(streams[i], undisturbed[i]);
+  }
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"failure\""),
+      0);
+  double finished = 0;
+  for (auto& agent : replacements) {
+    finished += agent->metric("tandem_requests_total", "finish_reason=\"length\"");
+  }
+  EXPECT_GE(finished, 4);
+}
+
 // The small model's shape and tokenizer with other weights.
 const fs::path& otherSmallModelDir() {
   static TempDir dir("tandem-router-other-small");
