@@ -188,7 +188,8 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
   local
       ->add_option("--stop-timeout", flags.stop_timeout_s,
                    "seconds the router's in-flight requests get on stop, then seconds "
-                   "between an agent's SIGTERM and SIGKILL")
+                   "between an agent's SIGTERM and SIGKILL (an agent stopped alone, by a "
+                   "rollout or a scale-down, gets its shutdownTimeoutSeconds + 15 s when longer)")
       ->check(tandem::positiveSeconds())
       ->capture_default_str();
   local

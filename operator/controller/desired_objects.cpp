@@ -483,10 +483,9 @@ json desiredPoolDeployment(const Owner& owner, const PoolSpec& pool,
       {"volumeMounts", json::array({{{"name", "dshm"}, {"mountPath", "/dev/shm"}}})}};
   if (!pool.resources.empty()) container["resources"] = pool.resources;
 
-  const double shutdown_s = pool.engine.shutdown_timeout_s.value_or(30.0);
   json pod_spec = {
       // In-flight requests get the agent's shutdown timeout, plus time to exit.
-      {"terminationGracePeriodSeconds", static_cast<int64_t>(std::ceil(shutdown_s)) + 15},
+      {"terminationGracePeriodSeconds", spec::agentStopGraceSeconds(pool)},
       // UCX's shared-memory transport needs more than the default 64 MiB.
       {"volumes", json::array({{{"name", "dshm"}, {"emptyDir", {{"medium", "Memory"}}}}})}};
   if (pool.model_source) {

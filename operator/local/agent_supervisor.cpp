@@ -79,6 +79,9 @@ struct AgentSupervisor::Agent {
   int64_t index = 0;
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
+  // Between SIGTERM and SIGKILL when stopped on purpose (its spec's
+  // shutdown timeout plus time to exit), as started.
+  std::chrono::seconds stop_grace{0};
 
   std::unique_ptr<Subprocess> process;
   std::string partial_line;
@@ -88,6 +91,7 @@ struct AgentSupervisor::Agent {
   Clock::time_point ready_at;
   Clock::time_point restart_at;
   Clock::time_point kill_at;
+  std::chrono::milliseconds grace_given{0};  // SIGTERM to kill_at
   Clock::time_point next_health_check;
   int failed_probes = 0;     // liveness probes failed in a row
   bool killed = false;       // SIGKILL sent to the current process
@@ -107,6 +111,7 @@ struct AgentSupervisor::Pool {
   int64_t replicas = 0;
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
+  std::chrono::seconds stop_grace{0};  // spec::agentStopGraceSeconds
   spec::RolloutBounds bounds;
   bool rolling = false;  // some agent ran another spec; not every one is available yet
   // Whether `agent` runs (or will run) this spec.
@@ -150,6 +155,7 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
     pool.replicas = spec.replicas;
     pool.argv = agentArguments(spec, options_.agent_binary, options_.host, /*port=*/0);
     pool.env = spec::agentEnvironment(spec);
+    pool.stop_grace = std::chrono::seconds(spec::agentStopGraceSeconds(spec));
     pool.bounds = spec::resolveRollout(spec.rollout, spec.replicas);
     if (const Pool* before = findPool(spec.name)) pool.rolling = before->rolling;
     next.push_back(std::move(pool));
@@ -218,6 +224,7 @@ void AgentSupervisor::start(Agent& agent) {
   if (const Pool* pool = findPool(agent.pool)) {
     agent.argv = pool->argv;
     agent.env = pool->env;
+    agent.stop_grace = pool->stop_grace;
     agent.kind = pool->kind;
   }
   // The shell joins the agent's stderr to its stdout (one pipe, read here),
@@ -283,7 +290,19 @@ void AgentSupervisor::sendStop(Agent& agent) {
   if (agent.process) {
     if (agent.state != AgentState::kStopping) {
       agent.process->signal(SIGTERM);
+      // One agent stopped on purpose (a rollout, a scale-down) drains within
+      // its shutdown timeout, as a Deployment's pod gets its grace period;
+      // when everything stops, --stop-timeout bounds the wait.
+      const std::chrono::milliseconds grace =
+          stopping_all_
+              ? options_.stop_timeout
+              : std::max<std::chrono::milliseconds>(options_.stop_timeout, agent.stop_grace);
+      agent.kill_at = Clock::now() + grace;
+      agent.grace_given = grace;
+    } else if (stopping_all_ && agent.kill_at > Clock::now() + options_.stop_timeout) {
+      // Draining on purpose when everything stops: --stop-timeout from now.
       agent.kill_at = Clock::now() + options_.stop_timeout;
+      agent.grace_given = options_.stop_timeout;
     }
   }
   agent.state = AgentState::kStopping;
@@ -378,7 +397,7 @@ void AgentSupervisor::poll() {
       case AgentState::kStopping:
         if (agent.process && !agent.killed && now >= agent.kill_at) {
           TANDEM_LOG(kWarn) << "local: " << agent.name << " did not stop within "
-                            << secondsText(options_.stop_timeout) << ": SIGKILL";
+                            << secondsText(agent.grace_given) << ": SIGKILL";
           agent.killed = true;
           agent.process->signal(SIGKILL);
         }

@@ -1,6 +1,7 @@
 #include "operator/spec/agent_command.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -40,6 +41,10 @@ std::string inlineKvSecret(const PoolSpec& pool) {
 }
 
 }  // namespace
+
+int64_t agentStopGraceSeconds(const PoolSpec& pool) {
+  return static_cast<int64_t>(std::ceil(pool.engine.shutdown_timeout_s.value_or(30.0))) + 15;
+}
 
 std::string kvTransferConfigJson(const PoolSpec& pool) {
   const KvTransferSpec& transfer = pool.kv_transfer;

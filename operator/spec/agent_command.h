@@ -3,6 +3,7 @@
 // (the table is in docs/local-mode.md).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ std::vector<std::string> agentArguments(const PoolSpec& pool,
                                         const std::filesystem::path& agent_binary,
                                         const std::string& host, int port,
                                         bool insecure_kv = false);
+
+// Seconds an agent of `pool` stopped on purpose (a rollout, a scale-down)
+// gets between SIGTERM and SIGKILL: its shutdown timeout (tandem-agent's
+// default, 30 s, unless the spec sets one) to finish or hand over its
+// requests, plus 15 s to exit. Kubernetes gets it as the pods'
+// terminationGracePeriodSeconds; local mode waits as long.
+int64_t agentStopGraceSeconds(const PoolSpec& pool);
 
 // The pool's --kv-transfer-config: vLLM's shape, {"kv_connector", "kv_role",
 // "kv_connector_extra_config"}, without any "secret" (a command line is

@@ -1255,6 +1255,55 @@ TEST_F(OperatorBinaryTest, EditingALoneDecodeAgentWhileStreamsRunMovesThemToTheE
   rollDecodePoolUnderStreams(1);
 }
 
+// An agent stopped on purpose (here a rollout's, maxSurge 0 on a pool of
+// one: its streams have nowhere to go and finish on it) gets its spec's
+// shutdown timeout plus 15 s before SIGKILL, as a Deployment's pod gets
+// its grace period, not --stop-timeout (which bounds the stop of
+// everything). Before, it was killed at --stop-timeout (10 s by default)
+// whatever its shutdownTimeoutSeconds, its requests cut and resent.
+TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopTimeout) {
+  const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: 1\n";
+  const fs::path file = dir_.write("cluster.yaml", withDecodeSpec(smallClusterYaml(1, 1), rollout));
+  Subprocess op(
+      {binary_.string(), "local", "-f", file.string(), "--port", "0", "--stop-timeout", "0.5"},
+      dir_.path() / "stderr");
+  std::map<std::string, int> ports;
+  const int port = readPorts(op, ports);
+  ASSERT_NE(port, 0) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-0"); }))
+      << op.stderrText();
+  constexpr int kTokens = 400;
+  const std::vector<nlohmann::json> bodies = smallStreamBodies(2, 900, kTokens);
+  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
+  std::vector<testing::StreamedCompletion> streams;
+  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  const bool busy =
+      eventually([&] { return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2; },
+                 seconds(30));
+  if (busy) {
+    rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), decodeEnv("1")));
+  }
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(busy) << "the decode agent never ran both streams";
+  expectUndisturbed(streams, undisturbed, kTokens);
+  ASSERT_TRUE(eventually(
+      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
+      seconds(90)))
+      << op.stderrText();
+  const std::string log = op.stderrText();
+  EXPECT_NE(log.find("local: replacing decode-0"), std::string::npos) << log;
+  EXPECT_EQ(log.find("did not stop within"), std::string::npos) << log;
+  EXPECT_EQ(log.find("killed by signal"), std::string::npos) << log;
+  httplib::Client client("127.0.0.1", port);
+  auto metrics = client.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(prometheusSum(metrics->body, "tandem_router_migrations_total").value_or(0), 0)
+      << metrics->body;
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
 // A change of model rolls both pools, and the router follows it: it reads
 // the new model's tokenizer from the directory the new agents name and
 // hashes prompts under their identity, so the decode agent holding a
