@@ -97,9 +97,13 @@ struct AgentSupervisor::Agent {
   bool killed = false;       // SIGKILL sent to the current process
   bool timed_out = false;    // killed for not getting ready in time
   bool removed = false;      // no longer wanted: stop, then forget
-  bool start_again = false;  // replaced by a rollout: start as soon as it exited
-  bool surge = false;        // a rollout's extra agent, beyond the pool's replicas
-  int failures = 0;          // consecutive crashes, for the backoff
+  bool start_again = false;  // restarted with its pool's new spec once it exited
+  // Replaced by a rollout: drains while its replacement, a new agent of
+  // the same name, starts (a Deployment's terminating pod counts against
+  // neither maxSurge nor maxUnavailable); forgotten once it exited.
+  bool retiring = false;
+  bool surge = false;  // a rollout's extra agent, beyond the pool's replicas
+  int failures = 0;    // consecutive crashes, for the backoff
   int restarts = 0;
 };
 
@@ -178,8 +182,9 @@ void AgentSupervisor::apply(const std::vector<PoolSpec>& pools) {
 }
 
 AgentSupervisor::Agent* AgentSupervisor::findAgent(const std::string& name) {
-  auto it = std::find_if(agents_.begin(), agents_.end(),
-                         [&](const auto& agent) { return agent->name == name; });
+  auto it = std::find_if(agents_.begin(), agents_.end(), [&](const auto& agent) {
+    return agent->name == name && !agent->retiring;
+  });
   return it == agents_.end() ? nullptr : it->get();
 }
 
@@ -214,8 +219,10 @@ AgentSupervisor::Agent& AgentSupervisor::want(const Pool& pool, int64_t index, b
 }
 
 void AgentSupervisor::sortAgents() {
+  // A retiring agent after its replacement.
   std::stable_sort(agents_.begin(), agents_.end(), [](const auto& a, const auto& b) {
-    return std::tie(a->pool_position, a->index) < std::tie(b->pool_position, b->index);
+    return std::tie(a->pool_position, a->index, a->retiring) <
+           std::tie(b->pool_position, b->index, b->retiring);
   });
 }
 
@@ -516,11 +523,16 @@ void AgentSupervisor::rollOut(Pool& pool) {
   for (Agent* agent : old) {
     if (num_available <= floor) break;
     TANDEM_LOG(kInfo) << "local: replacing " << agent->name << " (its pool's spec changed; "
-                      << num_available << " of the pool's agents available)";
-    agent->start_again = true;
+                      << num_available << " of the pool's agents available): it drains while "
+                      << "its replacement starts";
+    agent->removed = true;
+    agent->retiring = true;
     sendStop(*agent);
+    want(pool, agent->index, /*surge=*/false);
+    started = true;
     --num_available;
   }
+  if (started) sortAgents();
 }
 
 void AgentSupervisor::startFromBackoff(Agent& agent) {

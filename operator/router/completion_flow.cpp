@@ -513,7 +513,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   for (size_t i = 0; i < decode_agents.size(); ++i) {
     if (i != *decision.decode && input.decode[i].healthy) decode_order.push_back(i);
   }
-  bool retried = false;
+  bool retried = false;     // not run as decided: sent again, or moved mid-stream
+  bool resent = false;      // sent again from its start (a failure before it began)
   bool left_first = false;  // an attempt after the first was made
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
@@ -645,7 +646,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         }
         co_return;
       }
-      if (handoff.retried) retried = true;
+      if (handoff.retried) retried = resent = true;
     }
     const std::string label = !handoff.params.is_null()
                                   ? (handoff.pulled_back ? "pull_back" : "disaggregated")
@@ -689,7 +690,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       metrics_.countDecision(label);
       if (decision.affinity && !retried) metrics_.countDecision("affinity");
       if (decision.spilled && !retried) metrics_.countDecision("spill");
-      if (retried) metrics_.countDecision("retried");
+      // A stream moved mid-answer is counted by its migrations, not here.
+      if (resent) metrics_.countDecision("retried");
       co_return;
     }
     if (outcome == DecodeOutcome::kClientGone || outcome == DecodeOutcome::kClientGoneMidway) {
@@ -802,6 +804,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // time to move a broken stream is up.
     if (!handoff.params.is_null()) co_await release(handoff);
     retried = true;
+    if (!migrating) resent = true;
     if (migrating && secondsSince(*first_break) > migration_timeout_s_) {
       metrics_.countMigration("failure", "exhausted");
       co_await releaseLend();

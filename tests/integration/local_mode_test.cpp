@@ -1255,12 +1255,12 @@ TEST_F(OperatorBinaryTest, EditingALoneDecodeAgentWhileStreamsRunMovesThemToTheE
   rollDecodePoolUnderStreams(1);
 }
 
-// An agent stopped on purpose (here a rollout's, maxSurge 0 on a pool of
-// one: its streams have nowhere to go and finish on it) gets its spec's
-// shutdown timeout plus 15 s before SIGKILL, as a Deployment's pod gets
-// its grace period, not --stop-timeout (which bounds the stop of
-// everything). Before, it was killed at --stop-timeout (10 s by default)
-// whatever its shutdownTimeoutSeconds, its requests cut and resent.
+// An agent stopped on purpose (here a rollout's) gets its spec's shutdown
+// timeout plus 15 s before SIGKILL, as a Deployment's pod gets its grace
+// period, not --stop-timeout (which bounds the stop of everything): the
+// whole answers it is computing, which are never handed over, finish on it.
+// Before, it was killed at --stop-timeout (10 s by default) whatever its
+// shutdownTimeoutSeconds, and its whole answers were sent again elsewhere.
 TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopTimeout) {
   const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: 1\n";
   const fs::path file = dir_.write("cluster.yaml", withDecodeSpec(smallClusterYaml(1, 1), rollout));
@@ -1272,11 +1272,22 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
   ASSERT_NE(port, 0) << op.stderrText();
   ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-0"); }))
       << op.stderrText();
-  constexpr int kTokens = 400;
-  const std::vector<nlohmann::json> bodies = smallStreamBodies(2, 900, kTokens);
-  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
-  std::vector<testing::StreamedCompletion> streams;
-  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  constexpr int kTokens = 1500;
+  std::vector<nlohmann::json> bodies = smallStreamBodies(2, 900, kTokens);
+  std::vector<nlohmann::json> answers(bodies.size());
+  std::vector<int> statuses(bodies.size(), 0);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    bodies[i]["stream"] = false;
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(120, 0);
+      auto res = client.Post("/v1/completions", bodies[i].dump(), "application/json");
+      if (!res) return;
+      statuses[i] = res->status;
+      answers[i] = nlohmann::json::parse(res->body, nullptr, false);
+    });
+  }
   const bool busy =
       eventually([&] { return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2; },
                  seconds(30));
@@ -1284,8 +1295,12 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
     rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), decodeEnv("1")));
   }
   for (auto& client : clients) client.join();
-  ASSERT_TRUE(busy) << "the decode agent never ran both streams";
-  expectUndisturbed(streams, undisturbed, kTokens);
+  ASSERT_TRUE(busy) << "the decode agent never ran both requests";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(statuses[i], 200) << answers[i].dump();
+    EXPECT_EQ(testing::tokenIds(answers[i]).size(), static_cast<size_t>(kTokens));
+  }
   ASSERT_TRUE(eventually(
       [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
       seconds(90)))
@@ -1298,7 +1313,67 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
   auto metrics = client.Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(prometheusSum(metrics->body, "tandem_router_migrations_total").value_or(0), 0)
-      << metrics->body;
+      << "a whole answer was sent again";
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
+// maxUnavailable 100% (maxSurge 0) replaces every agent of a pool at once:
+// each old agent drains while its replacement starts, as a Deployment's
+// terminating pods count against neither bound, so the streams the old
+// ones hand over resume on the new ones, which read their KV from the old.
+// Before, a replacement started only once its old agent had exited: the
+// handed-over streams paused until then and their KV was lost with it.
+TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWithTheirKv) {
+  const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: \"100%\"\n";
+  const fs::path file = dir_.write("cluster.yaml", withDecodeSpec(smallClusterYaml(1, 2), rollout));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  std::map<std::string, int> ports;
+  const int port = readPorts(op, ports);
+  ASSERT_NE(port, 0) << op.stderrText();
+  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-1"); }))
+      << op.stderrText();
+  constexpr int kTokens = 600;
+  const std::vector<nlohmann::json> bodies = smallStreamBodies(8, 1100, kTokens);
+  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
+  std::vector<testing::StreamedCompletion> streams;
+  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  const bool busy = eventually(
+      [&] {
+        return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2 &&
+               agentMetric(ports["decode-1"], "tandem_num_requests_running") >= 2;
+      },
+      seconds(30));
+  std::map<std::string, int> fresh;  // the replacements' ports
+  if (busy) {
+    rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 2), rollout), decodeEnv("1")));
+    while (fresh.size() < 2) {
+      const std::string line = op.waitForLine("[decode-", seconds(60));
+      if (line.empty()) break;
+      const size_t close = line.find("] listening on ");
+      if (close != std::string::npos) {
+        fresh[line.substr(1, close - 1)] = std::stoi(line.substr(line.rfind(':') + 1));
+      }
+    }
+  }
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
+  ASSERT_EQ(fresh.size(), 2u) << op.stderrText();
+  expectUndisturbed(streams, undisturbed, kTokens);
+  ASSERT_TRUE(eventually(
+      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
+      seconds(90)))
+      << op.stderrText();
+  double loaded = 0;
+  for (const auto& [name, fresh_port] : fresh) {
+    loaded += agentMetric(fresh_port, "tandem_kv_blocks_loaded_total", "source=\"ucx\"");
+  }
+  EXPECT_GT(loaded, 0) << "the replacements read none of the handed-over KV";
+  const std::string log = op.stderrText();
+  EXPECT_EQ(log.find("did not stop within"), std::string::npos) << log;
+  EXPECT_EQ(log.find("killed by signal"), std::string::npos) << log;
   op.readStdout(milliseconds(10));
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();

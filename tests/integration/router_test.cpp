@@ -1625,6 +1625,11 @@ TEST_F(RouterTest, StreamsOfDecodeAgentsDrainedAllAtOnceResumeOnTheirReplacement
     finished += agent->metric("tandem_requests_total", "finish_reason=\"length\"");
   }
   EXPECT_GE(finished, 4);
+  // Moved mid-answer, not sent again from their start: counted by their
+  // migrations, not as retried requests.
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 0);
+  EXPECT_GE(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"drain\""),
+            4);
 }
 
 // The small model's shape and tokenizer with other weights.
