@@ -788,6 +788,12 @@ class OperatorBinaryTest : public ::testing::Test {
   }
 
   void rollDecodePoolUnderStreams(int replicas);
+  // Reads the agents' ports (readPorts) and waits until the router sees
+  // `agent` healthy; the router's port, 0 on failure (the test then failed).
+  int waitForRouterSeeing(Subprocess& op, std::map<std::string, int>& ports,
+                          const std::string& agent);
+  // The decode pool's rollout ends, and no agent was killed on the way.
+  void expectDecodeRolledWithoutAKill(Subprocess& op);
 
   fs::path binary_ = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
   TempDir dir_{"tandem-operator-test"};
@@ -1180,6 +1186,26 @@ TEST_F(OperatorBinaryTest, ScalingADecodePoolDownWhileStreamsRunHandsThemOverWit
 // the agents still serving, the new ones among them (listed after the
 // streams began). Every client's stream equals an undisturbed one, and the
 // pool ends on the new spec without its extra agent.
+int OperatorBinaryTest::waitForRouterSeeing(Subprocess& op, std::map<std::string, int>& ports,
+                                            const std::string& agent) {
+  const int port = readPorts(op, ports);
+  EXPECT_NE(port, 0) << op.stderrText();
+  if (port == 0) return 0;
+  const bool seen = eventually([&] { return healthy(port) && routerSeesHealthy(port, agent); });
+  EXPECT_TRUE(seen) << op.stderrText();
+  return seen ? port : 0;
+}
+
+void OperatorBinaryTest::expectDecodeRolledWithoutAKill(Subprocess& op) {
+  ASSERT_TRUE(eventually(
+      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
+      seconds(90)))
+      << op.stderrText();
+  const std::string log = op.stderrText();
+  EXPECT_EQ(log.find("did not stop within"), std::string::npos) << log;
+  EXPECT_EQ(log.find("killed by signal"), std::string::npos) << log;
+}
+
 void OperatorBinaryTest::rollDecodePoolUnderStreams(int replicas) {
   const fs::path file = dir_.write("cluster.yaml", smallClusterYaml(1, replicas));
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
@@ -1268,10 +1294,8 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
       {binary_.string(), "local", "-f", file.string(), "--port", "0", "--stop-timeout", "0.5"},
       dir_.path() / "stderr");
   std::map<std::string, int> ports;
-  const int port = readPorts(op, ports);
-  ASSERT_NE(port, 0) << op.stderrText();
-  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-0"); }))
-      << op.stderrText();
+  const int port = waitForRouterSeeing(op, ports, "decode-0");
+  ASSERT_NE(port, 0);
   constexpr int kTokens = 1500;
   std::vector<nlohmann::json> bodies = smallStreamBodies(2, 900, kTokens);
   std::vector<nlohmann::json> answers(bodies.size());
@@ -1301,14 +1325,8 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
     EXPECT_EQ(statuses[i], 200) << answers[i].dump();
     EXPECT_EQ(testing::tokenIds(answers[i]).size(), static_cast<size_t>(kTokens));
   }
-  ASSERT_TRUE(eventually(
-      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
-      seconds(90)))
-      << op.stderrText();
-  const std::string log = op.stderrText();
-  EXPECT_NE(log.find("local: replacing decode-0"), std::string::npos) << log;
-  EXPECT_EQ(log.find("did not stop within"), std::string::npos) << log;
-  EXPECT_EQ(log.find("killed by signal"), std::string::npos) << log;
+  expectDecodeRolledWithoutAKill(op);
+  EXPECT_NE(op.stderrText().find("local: replacing decode-0"), std::string::npos);
   httplib::Client client("127.0.0.1", port);
   auto metrics = client.Get("/metrics");
   ASSERT_TRUE(metrics);
@@ -1331,10 +1349,8 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
                 dir_.path() / "stderr");
   std::map<std::string, int> ports;
-  const int port = readPorts(op, ports);
-  ASSERT_NE(port, 0) << op.stderrText();
-  ASSERT_TRUE(eventually([&] { return healthy(port) && routerSeesHealthy(port, "decode-1"); }))
-      << op.stderrText();
+  const int port = waitForRouterSeeing(op, ports, "decode-1");
+  ASSERT_NE(port, 0);
   constexpr int kTokens = 600;
   const std::vector<nlohmann::json> bodies = smallStreamBodies(8, 1100, kTokens);
   const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
@@ -1362,18 +1378,12 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
   ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
   ASSERT_EQ(fresh.size(), 2u) << op.stderrText();
   expectUndisturbed(streams, undisturbed, kTokens);
-  ASSERT_TRUE(eventually(
-      [&] { return op.stderrText().find("local: decode: rollout done") != std::string::npos; },
-      seconds(90)))
-      << op.stderrText();
+  expectDecodeRolledWithoutAKill(op);
   double loaded = 0;
   for (const auto& [name, fresh_port] : fresh) {
     loaded += agentMetric(fresh_port, "tandem_kv_blocks_loaded_total", "source=\"ucx\"");
   }
   EXPECT_GT(loaded, 0) << "the replacements read none of the handed-over KV";
-  const std::string log = op.stderrText();
-  EXPECT_EQ(log.find("did not stop within"), std::string::npos) << log;
-  EXPECT_EQ(log.find("killed by signal"), std::string::npos) << log;
   op.readStdout(milliseconds(10));
   op.signal(SIGTERM);
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();

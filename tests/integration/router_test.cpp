@@ -59,6 +59,11 @@ const fs::path& tinyLoraDir() {
 }
 std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
 
+// An agent of `role` ("prefill", "decode") with the UCX connector (kv_both).
+std::vector<std::string> roleArgs(const std::string& role) {
+  return {"--role", role, "--kv-transfer-config", ucxConfig("kv_both")};
+}
+
 // The tiny model's shape and tokenizer with other weights: another model
 // identity (a rollout's new model).
 const fs::path& otherTinyModelDir() {
@@ -74,6 +79,19 @@ const fs::path& otherTinyModelDir() {
 
 class RouterTest : public RouterCluster {
  protected:
+  // Whether every decode agent runs at least `count` requests within 20 s.
+  bool decodeAgentsRun(double count) {
+    return eventually(
+        [&] {
+          for (auto& agent : decode_) {
+            if (agent->metric("tandem_num_requests_running") < count) return false;
+          }
+          return true;
+        },
+        std::chrono::seconds(20));
+  }
+  void turnTwoFollowsTurnOne(Agent& colocated,
+                             const std::function<json(const std::vector<int>&, int)>& request);
   json expectDisaggregatedExactly(const fs::path& model,
                                   const std::vector<std::string>& agent_args = {});
   // A tiny model of `architecture` is disaggregated exactly, and its answer
@@ -812,6 +830,39 @@ TEST_F(RouterTest, ShortUncachedPromptsArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(prefill_[0]->metric("tandem_prompt_tokens_total"), 0);
 }
 
+// Turn 1 of a conversation (70 prompt tokens, 70 generated), then turn 2
+// (180 tokens) once the index knows where turn 1's blocks are: turn 2 goes
+// to turn 1's decode agent (8 blocks), which, holding 4 more blocks than
+// the prefill agent, lends them (pull-back). Both answers equal
+// `colocated`'s; `request` makes a body of a prompt and a max_tokens.
+void RouterTest::turnTwoFollowsTurnOne(
+    Agent& colocated, const std::function<json(const std::vector<int>&, int)>& request) {
+  std::vector<int> conversation = randomPrompt(70, 65);
+  Answer first = post(request(conversation, 70));
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  ASSERT_EQ(first.decision, "disaggregated");
+  const std::vector<int> reply = tokenIds(first.body);
+  EXPECT_EQ(reply, tokenIds(colocated.post("/v1/completions", request(conversation, 70))));
+  conversation.insert(conversation.end(), reply.begin(), reply.end());
+  const std::vector<int> question = randomPrompt(40, 66);
+  conversation.insert(conversation.end(), question.begin(), question.end());
+  // The index learns what each agent holds, and the router sees turn 1 gone
+  // from its decode agent (a stale running request would weigh against it).
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
+  }));
+  ASSERT_TRUE(eventually([&] {
+    return routerMetric("tandem_router_agent_requests", "agent=\"" + first.decode_agent + "\"") ==
+           0;
+  }));
+  Answer second = post(request(conversation, 8));
+  ASSERT_EQ(second.status, 200) << second.body.dump();
+  EXPECT_EQ(second.decode_agent, first.decode_agent);
+  EXPECT_EQ(second.decision, "pull_back");
+  EXPECT_EQ(tokenIds(second.body),
+            tokenIds(colocated.post("/v1/completions", request(conversation, 8))));
+}
+
 // Turn 2 of a conversation goes to the decode agent holding turn 1, which
 // lends its blocks to the prefill agent (pull-back). With `adapter`, every
 // request names that LoRA adapter (the agents serve it): the router hashes,
@@ -833,32 +884,8 @@ void RouterTest::conversationFollowsItsKv(const std::string& adapter) {
     if (!adapter.empty()) body["model"] = adapter;
     return body;
   };
-  // Turn 1: 70 prompt tokens, 70 generated.
-  std::vector<int> conversation = randomPrompt(70, 65);
-  Answer first = post(request(conversation, 70));
-  ASSERT_EQ(first.status, 200) << first.body.dump();
-  ASSERT_EQ(first.decision, "disaggregated");
-  const std::vector<int> reply = tokenIds(first.body);
-  conversation.insert(conversation.end(), reply.begin(), reply.end());
-  const std::vector<int> question = randomPrompt(40, 66);
-  conversation.insert(conversation.end(), question.begin(), question.end());
-  // The index learns what each agent holds, and the router sees turn 1 gone
-  // from its decode agent (a stale running request would weigh against it).
-  ASSERT_TRUE(eventually([&] {
-    return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
-  }));
-  ASSERT_TRUE(eventually([&] {
-    return routerMetric("tandem_router_agent_requests", "agent=\"" + first.decode_agent + "\"") ==
-           0;
-  }));
-  // Turn 2 (180 tokens) goes to the decode agent holding turn 1 (8 blocks),
-  // and since it holds 4 more blocks than the prefill agent, it lends them.
-  Answer second = post(request(conversation, 8));
-  ASSERT_EQ(second.status, 200) << second.body.dump();
-  EXPECT_EQ(second.decode_agent, first.decode_agent);
-  EXPECT_EQ(second.decision, "pull_back");
-  EXPECT_EQ(tokenIds(second.body),
-            tokenIds(colocated.post("/v1/completions", request(conversation, 8))));
+  turnTwoFollowsTurnOne(colocated, request);
+  if (HasFatalFailure()) return;
   EXPECT_TRUE(eventually(
       [&] { return routerMetric("tandem_router_requests_total", "decision=\"pull_back\"") == 1; }));
   double pulled = 0;
@@ -1056,6 +1083,15 @@ void expectSameStream(const StreamedCompletion& got, const StreamedCompletion& e
   EXPECT_EQ(got.done, 1);
   EXPECT_EQ(got.ids, expected.ids);
   EXPECT_EQ(got.text, expected.text);
+}
+// Each stream is its undisturbed one.
+void expectSameStreams(const std::vector<StreamedCompletion>& got,
+                       const std::vector<StreamedCompletion>& expected) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("stream " + std::to_string(i));
+    expectSameStream(got[i], expected[i]);
+  }
 }
 
 TEST_F(RouterTest, AKilledPrefillAgentIsRoutedAroundAndAKilledDecodeAgentsStreamMoves) {
@@ -1487,10 +1523,7 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
   drainer.join();
   ASSERT_TRUE(drained) << "the agent never ran the three streams at once, or refused the drain";
   EXPECT_GE(running_when_drained, 1) << "the streams ended before the drain: nothing was tested";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   ChildProcess& process = decode.process();
   EXPECT_EQ(process.wait(std::chrono::seconds(30)), 0) << process.stderrText();
   EXPECT_EQ(process.stderrText().find("drain: handed over"), std::string::npos)
@@ -1510,21 +1543,13 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
   start(1, 2, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
   const std::vector<json> bodies = streamBodies(4, 600, 240);
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
-  Agent newcomer({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
-                 smallModelDir());
+  Agent newcomer(roleArgs("decode"), smallModelDir());
   std::vector<StreamedCompletion> streams;
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   double running = 0;
   bool drained = false;
   std::thread replacer([&] {
-    if (!eventually(
-            [&] {
-              return decode_[0]->metric("tandem_num_requests_running") >= 1 &&
-                     decode_[1]->metric("tandem_num_requests_running") >= 1;
-            },
-            std::chrono::seconds(20))) {
-      return;
-    }
+    if (!decodeAgentsRun(1)) return;
     router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
                        {{"decode-0", "127.0.0.1", decode_[0]->port()},
                         {"decode-2", "127.0.0.1", newcomer.port()}});
@@ -1545,10 +1570,7 @@ TEST_F(RouterTest, StreamsResumeOnADecodeAgentListedAfterTheyBegan) {
   replacer.join();
   ASSERT_TRUE(drained) << "the decode agents never both ran a stream, or refused the drain";
   EXPECT_GE(running, 2) << "the streams ended before the drains: nothing was tested";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   EXPECT_GE(newcomer.metric("tandem_requests_total", "finish_reason=\"length\""), 2);
   EXPECT_GE(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"drain\""),
             2);
@@ -1572,23 +1594,14 @@ TEST_F(RouterTest, StreamsOfDecodeAgentsDrainedAllAtOnceResumeOnTheirReplacement
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
   std::vector<std::unique_ptr<Agent>> replacements;
   for (int i = 0; i < 2; ++i) {
-    replacements.push_back(std::make_unique<Agent>(
-        std::vector<std::string>{"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
-        smallModelDir()));
+    replacements.push_back(std::make_unique<Agent>(roleArgs("decode"), smallModelDir()));
   }
   std::vector<StreamedCompletion> streams;
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   double running = 0;
   bool drained = false;
   std::thread replacer([&] {
-    if (!eventually(
-            [&] {
-              return decode_[0]->metric("tandem_num_requests_running") >= 2 &&
-                     decode_[1]->metric("tandem_num_requests_running") >= 2;
-            },
-            std::chrono::seconds(20))) {
-      return;
-    }
+    if (!decodeAgentsRun(2)) return;
     running = decode_[0]->metric("tandem_num_requests_running") +
               decode_[1]->metric("tandem_num_requests_running");
     // Both at once, from two threads.
@@ -1611,10 +1624,7 @@ TEST_F(RouterTest, StreamsOfDecodeAgentsDrainedAllAtOnceResumeOnTheirReplacement
   replacer.join();
   ASSERT_TRUE(drained) << "the decode agents never both ran two streams, or refused the drain";
   EXPECT_GE(running, 4) << "the streams ended before the drains: nothing was tested";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   EXPECT_EQ(
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
   EXPECT_EQ(
@@ -1654,8 +1664,7 @@ const fs::path& otherSmallModelDir() {
 // tokens.
 TEST_F(RouterTest, AStreamMovesOnlyToAnAgentOfItsModel) {
   start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
-  Agent other({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
-              otherSmallModelDir());
+  Agent other(roleArgs("decode"), otherSmallModelDir());
   const std::vector<json> bodies = streamBodies(2, 900, 240);
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
   Agent& mine = *decode_[0];
@@ -1681,10 +1690,7 @@ TEST_F(RouterTest, AStreamMovesOnlyToAnAgentOfItsModel) {
   for (auto& client : clients) client.join();
   replacer.join();
   ASSERT_TRUE(drained) << "decode-0 never ran both streams, or refused the drain";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   EXPECT_EQ(mine.process().wait(std::chrono::seconds(30)), 0) << mine.process().stderrText();
   EXPECT_EQ(mine.process().stderrText().find("drain: handed over"), std::string::npos);
   EXPECT_EQ(other.metric("tandem_requests_total", "finish_reason=\"length\""), 0);
@@ -1702,14 +1708,8 @@ TEST_F(RouterTest, ARequestsPrefillAndDecodeAgentsServeOneModel) {
   // Random picks: the prefill and the decode agent are drawn apart, so
   // half the pairs would mix the models.
   start(1, 1, Policy::kRandom);
-  const std::vector<std::string> kv = {"--kv-transfer-config", ucxConfig("kv_both")};
-  auto args = [&](const std::string& role) {
-    std::vector<std::string> all = {"--role", role};
-    all.insert(all.end(), kv.begin(), kv.end());
-    return all;
-  };
-  Agent prefill_b(args("prefill"), otherTinyModelDir());
-  Agent decode_b(args("decode"), otherTinyModelDir());
+  Agent prefill_b(roleArgs("prefill"), otherTinyModelDir());
+  Agent decode_b(roleArgs("decode"), otherTinyModelDir());
   router_->setAgents(
       {{"prefill-0", "127.0.0.1", prefill_[0]->port()},
        {"prefill-1", "127.0.0.1", prefill_b.port()}},
@@ -1750,16 +1750,10 @@ TEST_F(RouterTest, AfterARolloutToAnotherModelConversationsFollowTheirKv) {
   RouterClusterOptions options;
   options.learn_costs = false;  // the model's predictions alone decide
   startCluster(options);
-  const std::vector<std::string> kv = {"--kv-transfer-config", ucxConfig("kv_both")};
-  auto args = [&](const std::string& role) {
-    std::vector<std::string> all = {"--role", role};
-    all.insert(all.end(), kv.begin(), kv.end());
-    return all;
-  };
-  Agent prefill_b(args("prefill"), otherTinyModelDir());
+  Agent prefill_b(roleArgs("prefill"), otherTinyModelDir());
   std::vector<std::unique_ptr<Agent>> decode_b;
   for (int i = 0; i < 2; ++i) {
-    decode_b.push_back(std::make_unique<Agent>(args("decode"), otherTinyModelDir()));
+    decode_b.push_back(std::make_unique<Agent>(roleArgs("decode"), otherTinyModelDir()));
   }
   router_->setAgents({{"prefill-b0", "127.0.0.1", prefill_b.port()}},
                      {{"decode-b0", "127.0.0.1", decode_b[0]->port()},
@@ -1771,28 +1765,9 @@ TEST_F(RouterTest, AfterARolloutToAnotherModelConversationsFollowTheirKv) {
   }));
   // A decode agent's first healthy poll has taught the router its model.
   Agent colocated({}, otherTinyModelDir());
-  std::vector<int> conversation = randomPrompt(70, 65);
-  Answer first = post(greedy(conversation, 70));
-  ASSERT_EQ(first.status, 200) << first.body.dump();
-  ASSERT_EQ(first.decision, "disaggregated");
-  const std::vector<int> reply = tokenIds(first.body);
-  EXPECT_EQ(reply, tokenIds(colocated.post("/v1/completions", greedy(conversation, 70))));
-  conversation.insert(conversation.end(), reply.begin(), reply.end());
-  const std::vector<int> question = randomPrompt(40, 66);
-  conversation.insert(conversation.end(), question.begin(), question.end());
-  ASSERT_TRUE(eventually([&] {
-    return routerMetric("tandem_router_index_blocks", "agent=\"" + first.decode_agent + "\"") >= 8;
-  }));
-  ASSERT_TRUE(eventually([&] {
-    return routerMetric("tandem_router_agent_requests", "agent=\"" + first.decode_agent + "\"") ==
-           0;
-  }));
-  Answer second = post(greedy(conversation, 8));
-  ASSERT_EQ(second.status, 200) << second.body.dump();
-  EXPECT_EQ(second.decode_agent, first.decode_agent);
-  EXPECT_EQ(second.decision, "pull_back");
-  EXPECT_EQ(tokenIds(second.body),
-            tokenIds(colocated.post("/v1/completions", greedy(conversation, 8))));
+  turnTwoFollowsTurnOne(colocated, [](const std::vector<int>& prompt, int max_tokens) {
+    return greedy(prompt, max_tokens);
+  });
 }
 
 // A lone decode agent stopped while a stream outlasts its shutdown timeout
@@ -1825,9 +1800,7 @@ TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement)
     auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
     if (!res || res->status != 202) return;
     if (lone.process().wait(std::chrono::seconds(30)) != 0) return;
-    replacement = std::make_unique<Agent>(
-        std::vector<std::string>{"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
-        smallModelDir());
+    replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
     router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
                        {{"decode-0", "127.0.0.1", replacement->port()}});
     replaced = true;
@@ -1835,10 +1808,7 @@ TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement)
   for (auto& client : clients) client.join();
   replacer.join();
   ASSERT_TRUE(replaced) << "the agent never ran both streams, refused the drain or failed";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"error\""),
             2);
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
@@ -1855,8 +1825,7 @@ TEST_F(RouterTest, StreamsOfALoneDecodeAgentMoveToOneThatJoinedBeforeItDrains) {
   start(1, 1, Policy::kRoundRobin, 16, 256, 1024, smallModelDir());
   const std::vector<json> bodies = streamBodies(3, 800, 240);
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
-  Agent newcomer({"--role", "decode", "--kv-transfer-config", ucxConfig("kv_both")},
-                 smallModelDir());
+  Agent newcomer(roleArgs("decode"), smallModelDir());
   std::vector<StreamedCompletion> streams;
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
   Agent& lone = *decode_[0];
@@ -1883,10 +1852,7 @@ TEST_F(RouterTest, StreamsOfALoneDecodeAgentMoveToOneThatJoinedBeforeItDrains) {
   replacer.join();
   ASSERT_TRUE(drained) << "the agent never ran the three streams at once, or refused the drain";
   EXPECT_GE(running, 1) << "the streams ended before the drain: nothing was tested";
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE("stream " + std::to_string(i));
-    expectSameStream(streams[i], undisturbed[i]);
-  }
+  expectSameStreams(streams, undisturbed);
   ChildProcess& process = lone.process();
   EXPECT_EQ(process.wait(std::chrono::seconds(30)), 0) << process.stderrText();
   EXPECT_NE(process.stderrText().find("drain: handed over"), std::string::npos)
