@@ -1497,7 +1497,7 @@ bool Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     } else if (!params.allowed_token_ids.empty()) {
       out.error =
           "the structured output cannot be continued within allowed_token_ids: none of its ids "
-          "is one the output allows next";
+          "is one the output allows next (or none of the vocabulary is)";
     } else {
       out.error =
           "the structured output cannot be continued: no token of the vocabulary is allowed";

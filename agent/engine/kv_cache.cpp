@@ -72,12 +72,11 @@ KvCache::KvCache(const KvCacheConfig& config, std::unique_ptr<KvSlabAllocator> a
   block_bytes_ = static_cast<size_t>(config_.blockBytes());
   slab_bytes_ = block_bytes_ * static_cast<size_t>(config_.num_blocks);
   if (const std::optional<bool> committed = allocator_->commitsHostMemory()) {
-    // Committed shared memory is made in /dev/shm (UCX's posix allocator).
     requireHostMemoryFor(slab_bytes_,
                          "the KV cache of " + std::to_string(config_.num_blocks) +
                              " blocks (--kv-cache-memory, --num-blocks) from the " +
                              allocator_->name() + " allocator",
-                         *committed, *committed ? "/dev/shm" : "");
+                         *committed);
   }
   slab_ = static_cast<uint8_t*>(allocator_->allocate(slab_bytes_));
   if (slab_ == nullptr) {

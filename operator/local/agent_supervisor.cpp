@@ -340,6 +340,25 @@ void AgentSupervisor::onExit(Agent& agent, int status) {
     }
     return;
   }
+  // A rollout's replacement that failed beside its predecessor, still
+  // draining (on a host without room for both, say): started again once
+  // that one has exited, not counted as a crash.
+  const bool predecessor_drains =
+      agent.state == AgentState::kStarting &&
+      std::any_of(agents_.begin(), agents_.end(), [&](const auto& other) {
+        return other->retiring && other->name == agent.name && other->process;
+      });
+  if (predecessor_drains) {
+    agent.state = AgentState::kBackoff;
+    agent.start_again = true;  // a replacement, not a crash's restart
+    agent.restart_at = now + options_.initial_backoff;
+    TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << pid << ") "
+                      << (agent.timed_out ? "was not ready in time and was killed"
+                                          : exitText(status))
+                      << " while its predecessor drains; starting it again in "
+                      << secondsText(options_.initial_backoff);
+    return;
+  }
   if (agent.state == AgentState::kStarting && !start_failure_) {
     std::string why = agent.name;
     if (agent.timed_out) {
@@ -528,7 +547,7 @@ void AgentSupervisor::rollOut(Pool& pool) {
     agent->removed = true;
     agent->retiring = true;
     sendStop(*agent);
-    want(pool, agent->index, /*surge=*/false);
+    want(pool, agent->index, agent->surge);  // an extra agent's replacement is one too
     started = true;
     --num_available;
   }

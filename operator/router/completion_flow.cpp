@@ -597,10 +597,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // drained all at once and their rollout's new ones): looked for every
   // 100 ms until the move's time is up or the client leaves. The first
   // position from `from` whose agent is fit, or decode_order.size().
-  auto waitForFit = [&](size_t from) -> awaitable<size_t> {
+  // `move_counted`: the move waiting is one already counted against
+  // --max-migrations (its first agent refused it), so the budget allows it.
+  auto waitForFit = [&](size_t from, bool move_counted) -> awaitable<size_t> {
     size_t next = nextFit(from);
-    while (next >= decode_order.size() && splice->continuations() < max_migrations_ &&
-           !exchange.clientGone() && secondsSince(*first_break) <= migration_timeout_s_) {
+    while (next >= decode_order.size() &&
+           (move_counted || splice->continuations() < max_migrations_) && !exchange.clientGone() &&
+           secondsSince(*first_break) <= migration_timeout_s_) {
       asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
       boost::system::error_code ignored;
       co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
@@ -638,7 +641,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_return;
       }
       if (handoff.client_error) {
-        if (streaming) {
+        // A 400 is the request's (a refusal at its first token, which an
+        // agent's own stream carries as its one event); other 4xx (a key
+        // the agents refuse, ...) pass as they came.
+        if (streaming && handoff.status == 400) {
           co_await endStreamWithAgentError(exchange, handoff.body);
         } else {
           co_await exchange.respond(
@@ -729,7 +735,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         metrics_.countDecision(label);
         co_return;
       }
-      if (splice && one_choice) next = co_await waitForFit(attempt + 1);
+      if (splice && one_choice) next = co_await waitForFit(attempt + 1, /*move_counted=*/false);
       const NoMove why_not =
           !one_choice                                            ? NoMove::kSeveralChoices
           : splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
@@ -816,9 +822,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // A resumed stream waits for an agent to come, as at its break: the
     // agent it was resumed on may have been draining too, not yet seen
     // unhealthy (every agent of a pool replaced at once).
-    const size_t next = migrating && parsed.value().n == 1 && parsed.value().batch.empty()
-                            ? co_await waitForFit(attempt + 1)
-                            : nextFit(attempt + 1);
+    size_t next = attempt + 1;
+    if (migrating && parsed.value().n == 1 && parsed.value().batch.empty()) {
+      next = co_await waitForFit(attempt + 1, /*move_counted=*/true);
+    } else {
+      next = nextFit(attempt + 1);
+    }
     if (migrating && next >= decode_order.size()) {
       metrics_.countMigration("failure", "exhausted");
       co_await releaseLend();

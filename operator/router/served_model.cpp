@@ -39,7 +39,13 @@ std::string modelIdentityOf(const json& models_answer) {
 
 bool ServedModel::wouldReplaceWith(const std::string& identity) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!current_ || identity == current_->info.identity) return false;
+  return replaceableLocked(identity);
+}
+
+bool ServedModel::replaceableLocked(const std::string& identity) const {
+  if (!current_ || identity.empty() || identity == current_->info.identity || !replacing_.empty()) {
+    return false;
+  }
   return identity != failed_identity_ ||
          std::chrono::steady_clock::now() - failed_at_ >= kRelearnBackoff;
 }
@@ -88,9 +94,25 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent, bool re
     shaped = false;
   }
   if (!shaped) co_return;
-  if (ready_ && !(replace && !info.identity.empty() && wouldReplaceWith(info.identity))) {
-    co_return;
+  bool claimed = false;  // this call loads a replacement
+  if (ready_) {
+    // One replacement loads at a time (a tokenizer takes a while to read).
+    if (!replace) co_return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!replaceableLocked(info.identity)) co_return;
+    replacing_ = info.identity;
+    claimed = true;
   }
+  // Whatever way this load ends, the next replacement may be tried.
+  struct Replacing {
+    ServedModel* model;
+    bool claimed;
+    ~Replacing() {
+      if (!claimed) return;
+      std::lock_guard<std::mutex> lock(model->mutex_);
+      model->replacing_.clear();
+    }
+  } replacing{this, claimed};
   const std::filesystem::path dir = model_dir_.empty() ? info.root : model_dir_;
   try {
     auto view = std::make_shared<ModelView>();

@@ -106,7 +106,8 @@ class ServedModel {
   // not tried again for that identity within kRelearnBackoff.
   boost::asio::awaitable<void> learnFrom(AgentEndpoint agent, bool replace = false);
   // Whether learnFrom(..., true) would try `identity` now: it differs from
-  // the current model's, and it did not fail within kRelearnBackoff.
+  // the current model's, no replacement is being loaded, and it did not
+  // fail within kRelearnBackoff.
   bool wouldReplaceWith(const std::string& identity) const;
 
   // The model requests are parsed and hashed with now; null before ready().
@@ -130,6 +131,8 @@ class ServedModel {
   static constexpr std::chrono::seconds kRelearnBackoff{30};
 
  private:
+  bool replaceableLocked(const std::string& identity) const;  // mutex_ held
+
   const std::filesystem::path model_dir_;
   const std::filesystem::path chat_template_file_;
   mutable std::mutex mutex_;
@@ -137,6 +140,9 @@ class ServedModel {
   std::string last_error_;
   std::shared_ptr<const ModelView> current_;
   std::function<std::vector<std::string>()> adapter_source_;
+  // The identity a replacement is being loaded for ("" when none): one
+  // load at a time, whichever agent's poll asks.
+  std::string replacing_;
   // The identity a replacement last failed for, and when.
   std::string failed_identity_;
   std::chrono::steady_clock::time_point failed_at_;

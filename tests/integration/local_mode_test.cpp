@@ -482,6 +482,40 @@ TEST_F(LocalModeTest, AScaleDownDuringARolloutKeepsItsExtraAgent) {
   EXPECT_EQ(run_error_, "");
 }
 
+// A second edit during a rollout makes its extra agent outdated: it is
+// replaced by an extra agent of the newest spec, and once the rollout is
+// done only the pool's replicas run. Before, the extra agent's replacement
+// came back as a regular agent that nothing stopped.
+TEST_F(LocalModeTest, ASecondEditDuringARolloutLeavesNoExtraAgentBehind) {
+  const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
+  LocalModeOptions options_now = options(file);
+  options_now.supervisor.min_ready = milliseconds(300);
+  LocalMode mode(options_now, fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  rewrite(file, withDecodeSpec(clusterYaml(1, 1), decodeEnv("1")));
+  ASSERT_TRUE(eventually([&] { return ready(mode, "decode-1"); }, seconds(60))) << run_error_;
+  EXPECT_TRUE(agent(mode, "decode-1")->surge);
+  rewrite(file, withDecodeSpec(clusterYaml(1, 1), decodeEnv("2")));
+  // The rollout ends with decode-0 alone, of the newest spec.
+  ASSERT_TRUE(eventually(
+      [&] {
+        const std::vector<AgentStatus> agents = mode.agents();
+        return agents.size() == 2 && std::all_of(agents.begin(), agents.end(), [](const auto& a) {
+                 return a.state == AgentState::kReady && a.updated && !a.surge;
+               });
+      },
+      seconds(60)))
+      << run_error_;
+  // A few polls later: nothing else started.
+  std::this_thread::sleep_for(milliseconds(800));
+  EXPECT_EQ(mode.agents().size(), 2u);  // prefill-0, decode-0
+  EXPECT_FALSE(agent(mode, "decode-1"));
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
+}
+
 // A new spec whose agents cannot start (here: its model is not there)
 // stalls the rollout, as a Deployment's does: the extra agent fails and is
 // retried with its backoff while the old agent keeps serving, the same
