@@ -1323,7 +1323,16 @@ TEST_F(OperatorBinaryTest, EditingALoneDecodeAgentWhileStreamsRunMovesThemToTheE
 // shutdownTimeoutSeconds, and its whole answers were sent again elsewhere.
 TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopTimeout) {
   const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: 1\n";
-  const fs::path file = dir_.write("cluster.yaml", withDecodeSpec(smallClusterYaml(1, 1), rollout));
+  // A shutdown timeout no answer outlasts, however loaded the machine.
+  auto yaml = [&rollout](const std::string& extra) {
+    std::string text = withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), extra);
+    const std::string five = "shutdownTimeoutSeconds: 5\n";
+    for (size_t at; (at = text.find(five)) != std::string::npos;) {
+      text.replace(at, five.size(), "shutdownTimeoutSeconds: 120\n");
+    }
+    return text;
+  };
+  const fs::path file = dir_.write("cluster.yaml", yaml(""));
   Subprocess op(
       {binary_.string(), "local", "-f", file.string(), "--port", "0", "--stop-timeout", "0.5"},
       dir_.path() / "stderr");
@@ -1350,7 +1359,7 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
       eventually([&] { return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2; },
                  seconds(30));
   if (busy) {
-    rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), decodeEnv("1")));
+    rewrite(file, yaml(decodeEnv("1")));
   }
   for (auto& client : clients) client.join();
   ASSERT_TRUE(busy) << "the decode agent never ran both requests";
