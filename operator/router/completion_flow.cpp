@@ -68,16 +68,10 @@ awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& me
 // agent's error answer; one not in OpenAI's error shape is named a 502.
 awaitable<void> endStreamWithAgentError(HttpExchange& exchange, const std::string& error_body) {
   const json error = parseJsonOrDiscarded(error_body);
-  bool shaped = error.is_object() && error.contains("error") && error["error"].is_object();
   std::string text = error_body;  // the agent's bytes, on one line
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-  shaped = shaped && text.find('\n') == std::string::npos;
-  std::string event =
-      "data: " +
-      (shaped ? text
-              : server::compactDump(server::errorBody(server::ApiError{
-                    502, "the prefill agent answered: " + error_body, "server_error", "", ""}))) +
-      "\n\n" + std::string(server::kSseDone);
+  const bool shaped = error.is_object() && error.contains("error") && error["error"].is_object() &&
+                      text.find('\n') == std::string::npos;
   // (Arguments are named: GCC 12 destroys some temporaries of a co_await
   // expression twice.)
   std::string content_type = "text/event-stream";
@@ -85,6 +79,12 @@ awaitable<void> endStreamWithAgentError(HttpExchange& exchange, const std::strin
   const bool started =
       co_await exchange.startChunked(200, std::move(content_type), std::move(headers));
   if (!started) co_return;
+  if (!shaped) {
+    const std::string message = "the prefill agent answered: " + error_body;
+    co_await endStreamWithError(exchange, message);
+    co_return;
+  }
+  std::string event = "data: " + text + "\n\n" + std::string(server::kSseDone);
   const bool written = co_await exchange.writeChunk(std::move(event));
   if (written) co_await exchange.finishChunked();
 }
@@ -811,21 +811,15 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     if (!handoff.params.is_null()) co_await release(handoff);
     retried = true;
     if (!migrating) resent = true;
-    if (migrating && secondsSince(*first_break) > migration_timeout_s_) {
-      metrics_.countMigration("failure", "exhausted");
-      co_await releaseLend();
-      co_await endStreamWithError(
-          exchange, exhaustedMessage(decode->endpoint.name, "", splice->continuations(),
-                                     NoMove::kTimedOut, migration_timeout_s_));
-      co_return;
-    }
-    // A resumed stream waits for an agent to come, as at its break: the
-    // agent it was resumed on may have been draining too, not yet seen
-    // unhealthy (every agent of a pool replaced at once).
-    size_t next = attempt + 1;
-    if (migrating && parsed.value().n == 1 && parsed.value().batch.empty()) {
+    // A resumed stream (one choice: no other moves) waits for an agent to
+    // come, as at its break, unless its time to move is up: the agent it was
+    // resumed on may have been draining too, not yet seen unhealthy (every
+    // agent of a pool replaced at once).
+    const bool timed_out = migrating && secondsSince(*first_break) > migration_timeout_s_;
+    size_t next = decode_order.size();
+    if (migrating && !timed_out) {
       next = co_await waitForFit(attempt + 1, /*move_counted=*/true);
-    } else {
+    } else if (!migrating) {
       next = nextFit(attempt + 1);
     }
     if (migrating && next >= decode_order.size()) {

@@ -143,16 +143,12 @@ boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent, bool re
     if (replaced && (!replace || replaced->info.identity == info.identity)) co_return;
     current_ = std::move(view);
     ready_ = true;
-    if (!replaced) {
-      TANDEM_LOG(kInfo) << "router: serving " << info.served_name << " (" << info.identity
-                        << ", block size " << info.block_size << ", tokenizer from " << dir.string()
-                        << ")";
-    } else {
-      TANDEM_LOG(kInfo) << "router: the decode agents moved to another model: serving "
-                        << info.served_name << " (" << info.identity << ", was "
-                        << replaced->info.identity << ", block size " << info.block_size
-                        << ", tokenizer from " << dir.string() << ")";
-    }
+    TANDEM_LOG(kInfo) << "router: "
+                      << (replaced ? "the decode agents moved to another model: " : "")
+                      << "serving " << info.served_name << " (" << info.identity
+                      << (replaced ? ", was " + replaced->info.identity : std::string())
+                      << ", block size " << info.block_size << ", tokenizer from " << dir.string()
+                      << ")";
   } catch (const std::exception& e) {
     TANDEM_LOG(kWarn) << "router: cannot load the tokenizer from " << dir.string() << ": "
                       << e.what();
