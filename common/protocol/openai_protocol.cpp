@@ -358,9 +358,10 @@ void askPromptLogprobs(FieldReader& fields, ParsedRequest& parsed, int64_t count
 // prompt holds its prompt's (vLLM's layout), each position with its
 // `prompt_logprobs` alternatives and the prompt's own token. A bound keeps
 // what a small body makes the server build and send small; over it, a 400
-// naming the field that asked for them.
-std::optional<ApiError> checkPromptLogprobEntries(const ParsedRequest& first,
-                                                  std::span<const ParsedRequest> prompts) {
+// naming the field that asked for them. `prompts`: one request's, not
+// empty, sharing the first's fields.
+std::optional<ApiError> checkPromptLogprobEntries(std::span<const ParsedRequest> prompts) {
+  const ParsedRequest& first = prompts.front();
   const std::optional<int32_t> asked = first.request.sampling.prompt_logprobs;
   if (!asked) return std::nullopt;
   int64_t entries = 0;
@@ -1020,7 +1021,7 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
     }
     batch.push_back(std::move(one));
   }
-  if (auto error = checkPromptLogprobEntries(batch.front(), batch)) return *error;
+  if (auto error = checkPromptLogprobEntries(batch)) return *error;
   parsed = std::move(batch.front());
   for (size_t i = 1; i < batch.size(); ++i) parsed.batch.push_back(std::move(batch[i]));
   parsed.body = std::move(root).value();
@@ -1136,7 +1137,7 @@ Result<ParsedRequest> parseChatCompletion(std::string_view body, const ServerLim
           finishRequest(parsed, limits, max_tokens, max_tokens_name, "chat prompt", "messages")) {
     return *error;
   }
-  if (auto error = checkPromptLogprobEntries(parsed, std::span(&parsed, 1))) return *error;
+  if (auto error = checkPromptLogprobEntries(std::span(&parsed, 1))) return *error;
   parsed.body = std::move(root).value();
   // Whoever renders the forwarded body (a prefill and a decode agent, a
   // resuming one) shows the time this render showed.
