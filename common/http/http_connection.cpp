@@ -544,7 +544,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     parser.eager(false);
     size_t taken = 0;
     for (;;) {
-      if (buffer_.size() > 0) {
+      if (!parser.got_some()) taken += skipEmptyLines();
+      if (buffer_.size() > 0 && (parser.got_some() || !holdsOnlyACarriageReturn())) {
         const size_t used = parser.put(buffer_.data(), ec);
         buffer_.consume(used);
         taken += used;
@@ -576,6 +577,30 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       }
       if (ec) co_return;
     }
+  }
+
+  // Drops the empty lines (CRLF or a bare LF) before a request line, as
+  // RFC 9112 section 2.2 asks of a server: some clients send one after a
+  // body. Returns how many bytes it dropped; they count against the head's
+  // bound. A CR that ends the buffer waits for what follows it.
+  size_t skipEmptyLines() {
+    const auto* bytes = static_cast<const char*>(buffer_.data().data());
+    const size_t size = buffer_.size();
+    size_t skipped = 0;
+    while (skipped < size) {
+      if (bytes[skipped] == '\n') {
+        skipped += 1;
+      } else if (bytes[skipped] == '\r' && skipped + 1 < size && bytes[skipped + 1] == '\n') {
+        skipped += 2;
+      } else {
+        break;
+      }
+    }
+    buffer_.consume(skipped);
+    return skipped;
+  }
+  bool holdsOnlyACarriageReturn() const {
+    return buffer_.size() == 1 && *static_cast<const char*>(buffer_.data().data()) == '\r';
   }
 
   // After answering a request whose rest was not read: the answer is sent,

@@ -573,6 +573,29 @@ TEST(HttpService, CloseInAnyConnectionLineClosesTheConnection) {
   ::close(fd);
 }
 
+// RFC 9112 section 2.2: empty lines before a request line are ignored,
+// whether first on the connection or after a body; they count against the
+// head's bound, so a connection sending nothing else is refused at it.
+TEST(HttpService, EmptyLinesBeforeARequestLineAreIgnored) {
+  Service service;
+  const std::string echo = "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi";
+  const std::string last =
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+  const std::string answer = exchangeRaw(service.port(), "\r\n\n" + echo + "\r\n" + last);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 200")) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("\r\n\r\nhiHTTP/1.1 200"), std::string::npos) << answer;
+  EXPECT_TRUE(answer.ends_with("\r\n\r\nok")) << answer;
+
+  // A CR alone is not an empty line.
+  const std::string bare_cr = exchangeRaw(service.port(), "\r" + last);
+  EXPECT_TRUE(bare_cr.starts_with("HTTP/1.1 400")) << bare_cr.substr(0, 200);
+
+  std::string endless;
+  while (endless.size() < 40000) endless += "\r\n";
+  const std::string refused = exchangeRaw(service.port(), endless + last);
+  EXPECT_TRUE(refused.starts_with("HTTP/1.1 431")) << refused.substr(0, 200);
+}
+
 constexpr const char* kNotFound = "GET /nowhere HTTP/1.1\r\nHost: t\r\n\r\n";
 constexpr const char* kNotFoundThenClose =
     "GET /nowhere HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
