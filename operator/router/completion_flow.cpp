@@ -52,9 +52,10 @@ awaitable<void> endStream(HttpExchange& exchange, bool done_sent) {
 }
 
 // Ends a client's stream that cannot go on: an error event saying why (a
-// 502), then [DONE], if the client is still there.
-awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& message) {
-  server::ApiError error{502, message, "server_error", "", ""};
+// 502 by default), then [DONE], if the client is still there.
+awaitable<void> endStreamWithError(HttpExchange& exchange, const std::string& message,
+                                   int status = 502, const char* type = "server_error") {
+  server::ApiError error{status, message, type, "", ""};
   std::string event = "data: " + server::compactDump(server::errorBody(error)) + "\n\n" +
                       std::string(server::kSseDone);
   const bool written = co_await exchange.writeChunk(std::move(event));
@@ -280,6 +281,50 @@ CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents,
 
 enum class Admission { kAdmitted, kRefused, kClientGone };
 
+// What a request cut at the router's stop deadline is told.
+constexpr const char* kCutAtStop =
+    "the router is stopping: this request was still in flight at its shutdown deadline; retry it";
+
+// Enrolls a request for cutAll() while it lives. Create and destroy it on
+// the request's strand, where cutAll() fires its cut.
+class CompletionFlow::StopCutEnrollment {
+ public:
+  StopCutEnrollment(CompletionFlow& flow, asio::any_io_executor executor)
+      : flow_(flow), cut_(std::make_shared<StopCut>()) {
+    std::lock_guard<std::mutex> lock(flow_.cuts_mutex_);
+    cut_->fired = flow_.cutting_;
+    entry_ = flow_.cuts_.insert(flow_.cuts_.end(), StopCutEntry{std::move(executor), cut_});
+  }
+  ~StopCutEnrollment() {
+    std::lock_guard<std::mutex> lock(flow_.cuts_mutex_);
+    flow_.cuts_.erase(entry_);
+  }
+  StopCutEnrollment(const StopCutEnrollment&) = delete;
+  StopCutEnrollment& operator=(const StopCutEnrollment&) = delete;
+  const std::shared_ptr<StopCut>& cut() const { return cut_; }
+
+ private:
+  CompletionFlow& flow_;
+  std::shared_ptr<StopCut> cut_;
+  std::list<StopCutEntry>::iterator entry_;
+};
+
+size_t CompletionFlow::cutAll() {
+  std::lock_guard<std::mutex> lock(cuts_mutex_);
+  cutting_ = true;
+  for (const StopCutEntry& entry : cuts_) {
+    // On the request's strand: its frame is alive while its cut is, and
+    // close_upstream is set only while its decode call's connection is.
+    asio::post(entry.executor, [weak = entry.cut] {
+      if (const std::shared_ptr<StopCut> cut = weak.lock()) {
+        cut->fired = true;
+        if (cut->close_upstream) cut->close_upstream();
+      }
+    });
+  }
+  return cuts_.size();
+}
+
 // Admission: up to max_inflight_requests at once, then a queue of up to
 // max_queued_requests (woken when a slot passes to it, or dropped when its
 // client leaves), then refusal.
@@ -336,6 +381,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_return;
   }
   SlotLease slot(gate_);
+  StopCutEnrollment stop_cut(*this, co_await asio::this_coro::executor);
   if (exchange.clientGone()) {
     metrics_.countClientAbort("queued");
     co_return;
@@ -555,6 +601,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     body["return_token_ids"] = true;
   }
   ClientStream client;
+  client.stop = stop_cut.cut();
+  // Cut at the router's stop deadline (cutAll): what is lent for it goes
+  // back, and the client learns why its answer ends.
+  auto endForStop = [&]() -> awaitable<void> {
+    co_await releaseLend();
+    if (client.started) {
+      co_await endStreamWithError(exchange, kCutAtStop, 503, "service_unavailable");
+    } else {
+      co_await exchange.respond(unavailable(kCutAtStop));
+    }
+  };
   bool migrating = false;  // this attempt resumes a stream another agent began
   std::optional<Clock::time_point> first_break;  // when the stream first broke
   AgentPtr prompt_prefill;  // the prefill agent that computed the prompt, if one did
@@ -603,7 +660,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     size_t next = nextFit(from);
     while (next >= decode_order.size() &&
            (move_counted || splice->continuations() < max_migrations_) && !exchange.clientGone() &&
-           secondsSince(*first_break) <= migration_timeout_s_) {
+           !client.stop->fired && secondsSince(*first_break) <= migration_timeout_s_) {
       asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
       boost::system::error_code ignored;
       co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
@@ -612,6 +669,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_return next;
   };
   for (size_t attempt = 0; attempt < decode_order.size(); ++attempt) {
+    if (client.stop->fired) {
+      co_await endForStop();
+      co_return;
+    }
     // A copy: admitting newcomers grows decode_agents.
     const AgentPtr decode = decode_agents[decode_order[attempt]];
     if (attempt > 0 && !left_first) {
@@ -638,6 +699,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         // it goes back now, and no decode agent sees the request.
         co_await release(handoff);
         metrics_.countClientAbort("prefill");
+        co_return;
+      }
+      if (client.stop->fired) {
+        co_await release(handoff);
+        co_await endForStop();
         co_return;
       }
       if (handoff.client_error) {
@@ -700,6 +766,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       if (resent) metrics_.countDecision("retried");
       co_return;
     }
+    if (outcome == DecodeOutcome::kStopped) {
+      co_await release(handoff);
+      co_await endForStop();
+      co_return;
+    }
     if (outcome == DecodeOutcome::kClientGone || outcome == DecodeOutcome::kClientGoneMidway) {
       // A cancel, not a failure: the upstream connection is closed (the
       // decode agent aborts the request); a transfer it has not read yet
@@ -736,6 +807,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         co_return;
       }
       if (splice && one_choice) next = co_await waitForFit(attempt + 1, /*move_counted=*/false);
+      if (client.stop->fired) {
+        co_await endForStop();
+        co_return;
+      }
       const NoMove why_not =
           !one_choice                                            ? NoMove::kSeveralChoices
           : splice && splice->continuations() >= max_migrations_ ? NoMove::kBudgetSpent
@@ -819,6 +894,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     size_t next = decode_order.size();
     if (migrating && !timed_out) {
       next = co_await waitForFit(attempt + 1, /*move_counted=*/true);
+      if (client.stop->fired) {
+        co_await endForStop();
+        co_return;
+      }
     } else if (!migrating) {
       next = nextFit(attempt + 1);
     }
@@ -967,6 +1046,20 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   server::OnClientGone cancel(exchange, [&upstream, &leave_to_agent] {
     if (!leave_to_agent.answered) upstream.close();
   });
+  // The router's stop deadline (cutAll) closes it too.
+  const auto stopped = [&client] { return client.stop && client.stop->fired; };
+  struct CloseOnStop {
+    ClientStream& client;
+    ~CloseOnStop() {
+      if (client.stop) client.stop->close_upstream = nullptr;
+    }
+  } close_on_stop{client};
+  if (client.stop) {
+    client.stop->close_upstream = [&upstream, &leave_to_agent] {
+      if (!leave_to_agent.answered) upstream.close();
+    };
+  }
+  if (stopped()) co_return DecodeOutcome::kStopped;
   beast::flat_buffer buffer;
   // One parser per message: interim 102 answers come before the real one.
   std::optional<http::response_parser<http::buffer_body>> parser_storage;
@@ -1033,6 +1126,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     }
   } catch (const std::exception& e) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
+    if (stopped()) co_return DecodeOutcome::kStopped;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
     // An agent answers a whole request only at its end: one that failed
@@ -1191,6 +1285,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   }
   if (!broken.empty()) {
     if (exchange.clientGone()) co_return DecodeOutcome::kClientGoneMidway;
+    if (stopped()) co_return DecodeOutcome::kStopped;
     metrics_.countUpstreamError(decode->endpoint.name);
     TANDEM_LOG(kWarn) << "router: " << (whole ? "answer" : "stream") << " from "
                       << decode->endpoint.name << " broke: " << broken;

@@ -23,6 +23,8 @@
 #include <boost/asio.hpp>
 #include <chrono>
 #include <functional>
+#include <list>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,6 +54,13 @@ class CompletionFlow {
 
   // Serves POST /v1/completions (chat false) or /v1/chat/completions.
   boost::asio::awaitable<void> complete(server::HttpExchange& exchange, bool chat);
+
+  // At the router's stop deadline: every request still in flight ends now,
+  // a stream with an error event and [DONE], a whole answer (or a stream
+  // not begun) with 503; their upstream connections close, so the agents
+  // abort them and free their blocks. A request admitted after it is ended
+  // at its next step. Returns how many requests it reached.
+  size_t cutAll();
 
   // The ledger's counts for an agent (its gauges).
   LedgerCounts ledgerCounts(const AgentState& agent) { return ledger_.counts(agent); }
@@ -89,6 +98,7 @@ class CompletionFlow {
     kUpstreamError,      // the decode agent's stream ended with an error event
     kClientGone,         // the client left before the response headers
     kClientGoneMidway,   // the client left after them
+    kStopped,            // cut at the router's stop deadline (cutAll)
   };
 
   boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
@@ -110,9 +120,16 @@ class CompletionFlow {
   boost::asio::awaitable<Lent> lendFrom(const AgentPtr& lender, const protocol::Request& request,
                                         int64_t expected_tokens);
   void observeTtft(double ttft_s, const Prediction& prediction);
+  // A request's part in cutAll(): touched on its connection's strand only.
+  struct StopCut {
+    bool fired = false;
+    std::function<void()> close_upstream;  // set while a decode agent answers
+  };
+  class StopCutEnrollment;
   // The client's side of one answer across decode agents.
   struct ClientStream {
-    bool started = false;  // the response has begun (a continuation writes no headers)
+    std::shared_ptr<StopCut> stop;  // fired by cutAll()
+    bool started = false;           // the response has begun (a continuation writes no headers)
     std::chrono::steady_clock::time_point last_write{};  // the last piece it got
     const char* resuming = nullptr;  // why it moved, until the continuation's first piece
     // A whole answer's first token was seen (its TTFT observed): an answer
@@ -145,6 +162,14 @@ class CompletionFlow {
   Chooser chooser_;    // guarded by the ledger's lock
   LoadLedger ledger_;  // the decision's lock
   DecisionLog decisions_;
+  // The requests in flight, for cutAll(): each with its strand.
+  struct StopCutEntry {
+    boost::asio::any_io_executor executor;
+    std::weak_ptr<StopCut> cut;
+  };
+  std::mutex cuts_mutex_;
+  std::list<StopCutEntry> cuts_;  // guarded by cuts_mutex_
+  bool cutting_ = false;          // guarded by cuts_mutex_
 };
 
 }  // namespace tandem::router

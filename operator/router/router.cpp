@@ -40,6 +40,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// How long the requests cut at the stop deadline get to write their end.
+constexpr std::chrono::seconds kCutGrace{2};
+
 // A config the router can run with; throws tandem::Error naming the field.
 RouterConfig checked(RouterConfig config) {
   if (config.threads < 1) throw Error("router threads must be at least 1");
@@ -205,8 +208,20 @@ class Router::Impl {
     http_->stopAccepting();
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(grace_seconds));
-    while (active_.load() > 0 && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto waitUntil = [this](Clock::time_point until) {
+      while (active_.load() > 0 && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    };
+    waitUntil(deadline);
+    if (active_.load() > 0) {
+      // Ended with a word rather than a closed socket: a stream gets an
+      // error event and [DONE], a whole answer a 503. What cannot be
+      // reached meanwhile (a prefill under way) is closed with the rest.
+      const size_t cut = flow_.cutAll();
+      TANDEM_LOG(kWarn) << "router: " << cut
+                        << " requests still in flight at the stop deadline: ending them";
+      waitUntil(Clock::now() + kCutGrace);
     }
     http_->stop();
     http_->join();

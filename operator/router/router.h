@@ -144,7 +144,8 @@ class Router {
   // Service stops sending new clients before stop() closes the listener.
   void beginDrain();
   // Stops accepting, lets in-flight requests finish until the deadline,
-  // then stops. Idempotent.
+  // ends those left (a stream with an error event and [DONE], a whole
+  // answer with 503), then stops. Idempotent.
   void stop(double grace_seconds = 10);
 
  private:

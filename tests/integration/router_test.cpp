@@ -1970,6 +1970,50 @@ TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
       << "a client leaving is not the agent's fault";
 }
 
+// Requests still in flight at the router's stop deadline are ended with a
+// word, not a closed socket: a stream with an error event and [DONE], a
+// whole answer with a 503 naming the stop; the decode agent sees their
+// connections close and frees their blocks.
+TEST_F(RouterTest, RequestsInFlightAtTheStopDeadlineEndWithAnError) {
+  start(1, 1, Policy::kKv, 16, 256, 1024, smallModelDir());
+  json body = greedy(randomPrompt(30, 74), 2000);
+  body["ignore_eos"] = true;
+  std::string streamed;
+  int whole_status = 0;
+  std::string whole_body;
+  std::thread stream_client([&] {
+    json streaming = body;
+    streaming["stream"] = true;
+    httplib::Client client("127.0.0.1", router_->port());
+    client.set_read_timeout(60, 0);
+    auto res = client.Post("/v1/completions", streaming.dump(), "application/json");
+    if (res) streamed = res->body;
+  });
+  std::thread whole_client([&] {
+    httplib::Client client("127.0.0.1", router_->port());
+    client.set_read_timeout(60, 0);
+    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    if (!res) return;
+    whole_status = res->status;
+    whole_body = res->body;
+  });
+  ASSERT_TRUE(decodeAgentsRun(2));
+  router_->stop(/*grace_seconds=*/0.2);
+  stream_client.join();
+  whole_client.join();
+  EXPECT_TRUE(streamed.starts_with("data: {")) << streamed.substr(0, 200);
+  EXPECT_NE(streamed.find("\"error\""), std::string::npos) << streamed.substr(0, 200);
+  EXPECT_NE(streamed.find("the router is stopping"), std::string::npos);
+  EXPECT_TRUE(streamed.ends_with("data: [DONE]\n\n"))
+      << streamed.substr(streamed.size() - std::min<size_t>(streamed.size(), 300));
+  EXPECT_EQ(whole_status, 503) << whole_body;
+  EXPECT_NE(whole_body.find("the router is stopping"), std::string::npos) << whole_body;
+  EXPECT_TRUE(eventually([&] {
+    return decode_[0]->metric("tandem_requests_total", "finish_reason=\"abort\"") == 2 &&
+           decode_[0]->metric("tandem_kv_cache_usage_ratio") == 0;
+  }));
+}
+
 TEST_F(RouterTest, BeyondItsQueueTheRouterAnswers503WithRetryAfter) {
   start(1, 1, Policy::kKv, 16, /*max_inflight=*/1, /*max_queued=*/1);
   std::vector<int> statuses(4, 0);
