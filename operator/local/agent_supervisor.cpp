@@ -359,14 +359,21 @@ void AgentSupervisor::onExit(Agent& agent, int status) {
                       << secondsText(options_.initial_backoff);
     return;
   }
-  if (agent.state == AgentState::kStarting && !start_failure_) {
-    std::string why = agent.name;
-    if (agent.timed_out) {
-      why.append(" was not ready within ").append(secondsText(options_.startup_timeout));
-    } else {
-      why.append(" ").append(exitText(status)).append(" before it was ready");
+  if (agent.state == AgentState::kStarting && first_start_) {
+    // The cluster's first start: local mode stops on it, naming why (no
+    // restart is promised in the log).
+    if (!start_failure_) {
+      std::string why = agent.name;
+      if (agent.timed_out) {
+        why.append(" was not ready within ").append(secondsText(options_.startup_timeout));
+      } else {
+        why.append(" ").append(exitText(status)).append(" before it was ready");
+      }
+      start_failure_ = std::move(why);
     }
-    start_failure_ = std::move(why);
+    agent.state = AgentState::kBackoff;
+    agent.restart_at = Clock::time_point::max();
+    return;
   }
   if (agent.state == AgentState::kReady && now - agent.ready_at >= options_.backoff_reset) {
     agent.failures = 0;

@@ -117,8 +117,12 @@ class AgentSupervisor {
   // Every agent apply() asked for is ready.
   bool allReady() const;
   // Why the first agent that exited (or timed out) before ever being ready
-  // did so, e.g. "prefill-0 exited with status 1 before it was ready".
+  // did so, e.g. "prefill-0 exited with status 1 before it was ready",
+  // during the cluster's first start; such an agent is not started again.
   const std::optional<std::string>& startFailure() const { return start_failure_; }
+  // The cluster's first start is over: from now on an agent failing to
+  // start is started again after its backoff, as a crashed one is.
+  void endFirstStart() { first_start_ = false; }
 
  private:
   struct Agent;
@@ -144,6 +148,7 @@ class AgentSupervisor {
   std::vector<std::unique_ptr<Agent>> agents_;
   bool stopping_all_ = false;
   std::optional<std::string> start_failure_;
+  bool first_start_ = true;
   std::map<std::string, int64_t> restarts_by_pool_;
   std::set<std::string> held_pools_;
 };

@@ -450,6 +450,7 @@ void LocalMode::run() {
     }
     if (supervisor.agents().empty()) waitForStop(kLoopInterval);
   }
+  supervisor.endFirstStart();
 
   std::vector<AgentAddress> prefill = supervisor.readyEndpoints(PoolKind::kPrefill);
   std::vector<AgentAddress> decode = supervisor.readyEndpoints(PoolKind::kDecode);

@@ -833,6 +833,21 @@ class OperatorBinaryTest : public ::testing::Test {
   TempDir dir_{"tandem-operator-test"};
 };
 
+// An agent that cannot start at the cluster's first start stops it, exit
+// status 1 with the reason; nothing in the log promises a restart that
+// never comes.
+TEST_F(OperatorBinaryTest, AnAgentThatCannotStartIsNotSaidToStartAgain) {
+  const fs::path file =
+      dir_.write("cluster.yaml", clusterYaml(1, 1, (dir_.path() / "no-model").string()));
+  Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
+                dir_.path() / "stderr");
+  EXPECT_EQ(op.wait(seconds(120)), 1) << op.stderrText();
+  const std::string log = op.stderrText();
+  EXPECT_NE(log.find("exited with status 1 before it was ready"), std::string::npos) << log;
+  EXPECT_EQ(log.find("starting it again"), std::string::npos) << log;
+  op.readStdout(milliseconds(10));
+}
+
 TEST_F(OperatorBinaryTest, ServesThroughTheRouterAndStopsEverythingOnCtrlC) {
   const fs::path file = dir_.write("cluster.yaml", clusterYaml(1, 1));
   // In a group of its own, as a shell runs a foreground command.
