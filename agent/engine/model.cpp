@@ -312,6 +312,11 @@ class TensorSource {
                   ": \"weight_map\" is missing or not an object of tensor name to "
                   "shard file name");
     }
+    if (index["weight_map"].empty()) {
+      throw Error(index_name +
+                  ": \"weight_map\" is empty; accepted: an object naming each tensor's shard "
+                  "file");
+    }
     std::map<std::string, size_t> shard_indices;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       const json& shard = it.value();

@@ -1390,6 +1390,18 @@ TEST(ModelLoadingErrors, TensorNotInWeightMap) {
   EXPECT_CONTAINS(loadError(dir.path()), "tensor model.norm.weight not in weight_map of ");
 }
 
+// An index naming no tensor names no shard: a clear error, where reading
+// its first shard crashed.
+TEST(ModelLoadingErrors, EmptyWeightMap) {
+  TempDir dir;
+  writeTiny(dir.path());
+  shard(dir.path());
+  json index = json::parse(readFile(dir.path() / "model.safetensors.index.json"));
+  index["weight_map"] = json::object();
+  writeFile(dir.path() / "model.safetensors.index.json", index.dump());
+  EXPECT_CONTAINS(loadError(dir.path()), "model.safetensors.index.json: \"weight_map\" is empty");
+}
+
 TEST(ModelLoadingErrors, ShardPathOutsideTheDirectory) {
   TempDir dir;
   writeTiny(dir.path());
