@@ -82,12 +82,25 @@ int runGenerate(const GenerateOptions& options) {
   if (options.prompt.empty()) throw tandem::Error("--prompt must not be empty");
   std::vector<TokenId> prompt = tokenizer->encode(options.prompt, /*add_special_tokens=*/true);
   if (prompt.empty()) throw tandem::Error("--prompt encodes to no tokens");
+  for (TokenId id : prompt) {
+    if (id < 0 || id >= config.vocab_size) {
+      throw tandem::Error("--prompt encodes to token id " + std::to_string(id) + ", outside the " +
+                          "model's vocabulary [0, " + std::to_string(config.vocab_size) +
+                          ") (config.json vocab_size): the tokenizer does not match the model");
+    }
+  }
   std::unique_ptr<tandem::kernels::Backend> backend =
       tandem::kernels::makeBackend(tandem::kernels::resolveDevice(options.device));
   // The context serve's default max_model_len would be on this backend.
   const tandem::engine::ContextLimit limit = tandem::engine::contextLimit(config, *backend);
   model->fitContext(limit.tokens);
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_tokens;
+  if (static_cast<int64_t>(prompt.size()) >= limit.tokens) {
+    throw tandem::Error("--prompt is " + std::to_string(prompt.size()) +
+                        " tokens, but the context is " + std::to_string(limit.tokens) + " (" +
+                        limit.origin + "); at most " + std::to_string(limit.tokens - 1) +
+                        " prompt tokens leave room for one generated token");
+  }
   if (options.max_tokens < 1 || total > limit.tokens) {
     throw tandem::Error("--max-tokens must be between 1 and " +
                         std::to_string(limit.tokens - static_cast<int64_t>(prompt.size())) +

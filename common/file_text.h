@@ -2,6 +2,7 @@
 // start-up. Each caller says in its own words what could not be read.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -11,5 +12,17 @@ namespace tandem {
 // The file's bytes; nullopt when it cannot be opened or a read fails (a
 // directory included).
 std::optional<std::string> readFileText(const std::filesystem::path& path);
+
+// The largest JSON file of a model directory read whole (config.json, a
+// sharded checkpoint's index, generation_config.json, a LoRA adapter's
+// adapter_config.json): the largest real ones are a few MB.
+inline constexpr uint64_t kMaxModelJsonBytes = 64ull << 20;
+
+// A model directory's JSON file: its bytes, or nullopt when there is no
+// such file. Anything else in its place (a FIFO, a device, a directory, a
+// file over `max_bytes`) throws tandem::Error naming the file and what is
+// accepted, without waiting on it or reading it through.
+std::optional<std::string> readModelFile(const std::filesystem::path& path,
+                                         uint64_t max_bytes = kMaxModelJsonBytes);
 
 }  // namespace tandem

@@ -404,6 +404,15 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   for (int64_t id : generation_.eos_token_ids) {
     addEos(id, (config_.model_dir / "generation_config.json").c_str());
   }
+  if (tokenizer_->vocabSize() > mc.vocab_size) {
+    // A tokenizer with ids the embedding has no row for (added tokens a
+    // fine-tune never resized the model for): served, but a prompt
+    // encoding to one is refused (checkVocabulary).
+    TANDEM_LOG(kWarn) << "the tokenizer's ids run to " << tokenizer_->vocabSize() - 1
+                      << ", past the model's vocab_size " << mc.vocab_size << " (config.json)"
+                      << ": a prompt encoding to an id from " << mc.vocab_size
+                      << " on is refused (400)";
+  }
   if (simulated) {
     simulated_tokens_ = std::make_unique<TokenChooser>(*tokenizer_, mc.vocab_size, eos_token_ids_);
   }

@@ -114,7 +114,7 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
                 kWeightsFile + ")");
   }
   const fs::path config_path = dir / kConfigFile;
-  const std::optional<std::string> config_file = readFileText(config_path);
+  const std::optional<std::string> config_file = readModelFile(config_path);
   if (!config_file) throw Error(config_path.string() + ": cannot read");
   const std::string& config_text = *config_file;
   JsonParseError parse_error;

@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/file_text.h"
 #include "common/hex.h"
 #include "common/json_parse.h"
 #include "common/status.h"
@@ -299,12 +300,10 @@ class TensorSource {
 
   void readIndex(const fs::path& dir) {
     const std::string index_name = index_path_.string();
-    std::ifstream in(index_path_, std::ios::binary);
-    if (!in) throw Error(index_name + ": cannot read");
-    std::ostringstream text;
-    text << in.rdbuf();
+    const std::optional<std::string> text = readModelFile(index_path_);
+    if (!text) throw Error(index_name + ": cannot read");
     JsonParseError parse_error;
-    std::optional<json> parsed = parseJson(text.str(), parse_error);
+    std::optional<json> parsed = parseJson(*text, parse_error);
     if (!parsed) throw Error(index_name + ": not valid JSON: " + parse_error.detail);
     json index = std::move(*parsed);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
@@ -636,10 +635,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   ModelWeights& w = model->weights_;
   w.embed_tokens =
       source.matrix(base + "embed_tokens.weight", c.vocab_size, hidden, /*quantizable=*/false);
-  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  // Grown as layers are found: a config.json claiming a million layers
+  // fails at the first missing one, not after reserving room for all.
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string prefix = base + "layers." + std::to_string(i) + ".";
-    LayerWeights& layer = w.layers[static_cast<size_t>(i)];
+    LayerWeights& layer = w.layers.emplace_back();
     if (c.fusedQkv()) {
       // Phi-3 holds q, k and v as one matrix, in that order.
       const std::vector<kernels::WeightView> qkv = source.rowRanges(

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/file_text.h"
 #include "common/hex.h"
 #include "common/json_parse.h"
 #include "common/status.h"
@@ -708,12 +709,9 @@ bool ModelConfig::isMoeLayer(int64_t layer) const {
 
 ModelConfig ModelConfig::fromFile(const std::filesystem::path& path,
                                   const std::string& hf_overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot read the model configuration");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(path.string() + ": read error");
-  return fromJsonText(text.str(), path.string(), hf_overrides);
+  const std::optional<std::string> text = readModelFile(path);
+  if (!text) throw Error(path.string() + ": cannot read the model configuration");
+  return fromJsonText(*text, path.string(), hf_overrides);
 }
 
 const char* modelTypeOf(const std::string& architecture, const std::string& source_name) {

@@ -70,7 +70,8 @@ std::string shapeText(const std::vector<int64_t>& shape) {
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: a FIFO in a file's place is refused below, not waited on.
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(file + ": cannot open: " + std::strerror(errno));
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
@@ -205,6 +206,25 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                     offsetsText(spans[i - 1].begin, spans[i - 1].end) + " and " + *spans[i].name +
                     " " + offsetsText(spans[i].begin, spans[i].end) + " overlap");
       }
+    }
+    // The tensors fill the data area, without a gap or a tail, as
+    // Hugging Face's safetensors requires: bytes no tensor names would be
+    // mapped and digested (the model's identity) for nothing.
+    uint64_t covered = 0;
+    for (const Span& span : spans) {
+      if (span.begin != covered) {
+        throw Error(file + ": data area bytes " + offsetsText(covered, span.begin) +
+                    " belong to no tensor (before " + *span.name +
+                    "); a safetensors file's tensors fill its data area without gaps");
+      }
+      covered = span.end;
+    }
+    if (covered != data_size) {
+      throw Error(file + ": the last " + std::to_string(data_size - covered) +
+                  " bytes of the data area (from offset " + std::to_string(covered) + " of " +
+                  std::to_string(data_size) +
+                  ") belong to no tensor; a safetensors file's tensors fill its data area "
+                  "exactly");
     }
   } catch (...) {
     ::munmap(mapping_, mapping_size_);

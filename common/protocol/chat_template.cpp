@@ -88,7 +88,10 @@ std::string ChatTemplate::noTemplateMessage() {
 }
 
 const jinja::Template* ChatTemplate::choose(bool has_tools, std::string* error) const {
-  if (templates_.size() == 1) return &templates_[0].parsed;
+  // As transformers' apply_chat_template picks from named templates: a
+  // request with tools gets "tool_use" when there is one, every other one
+  // "default" (a lone string template is "default"); no such template is
+  // an error, not another template.
   const Parsed* fallback = nullptr;
   for (const Parsed& named : templates_) {
     if (has_tools && named.name == "tool_use") return &named.parsed;
@@ -97,8 +100,9 @@ const jinja::Template* ChatTemplate::choose(bool has_tools, std::string* error) 
   if (fallback != nullptr) return &fallback->parsed;
   std::string names;
   for (const Parsed& named : templates_) names += (names.empty() ? "" : ", ") + named.name;
-  *error = "this model has several chat templates (" + names +
-           ") and none is named \"default\"; give one with --chat-template FILE";
+  *error = "this model's chat templates (" + names + ") include none named \"default\"" +
+           (has_tools ? std::string() : std::string(" for a request without tools")) +
+           "; give one with --chat-template FILE";
   return nullptr;
 }
 

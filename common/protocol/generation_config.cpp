@@ -7,6 +7,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "common/file_text.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -78,11 +79,9 @@ GenerationDefaults GenerationDefaults::fromJson(const json& value) {
 
 GenerationConfig GenerationConfig::fromDirectory(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / "generation_config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  std::ostringstream text;
-  text << in.rdbuf();
-  return fromJsonText(text.str(), path.string());
+  const std::optional<std::string> text = readModelFile(path);
+  if (!text) return {};
+  return fromJsonText(*text, path.string());
 }
 
 GenerationConfig GenerationConfig::fromJsonText(const std::string& text,

@@ -171,6 +171,17 @@ TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
   EXPECT_NE(too_long.exit_code, 0);
   EXPECT_NE(too_long.err.find("--max-tokens must be between 1 and"), std::string::npos)
       << too_long.err;
+  // A prompt past the context is the prompt's fault, not --max-tokens'.
+  const fs::path short_context = makeTinyModel("short-context", 2);
+  nlohmann::json config = nlohmann::json::parse(readFile(short_context / "config.json"));
+  config["max_position_embeddings"] = 4;
+  std::ofstream(short_context / "config.json") << config.dump();
+  CommandResult long_prompt =
+      run(bin("tandem-agent") + " generate --model '" + short_context.string() +
+          "' --prompt 'Hello world, again and again'");
+  EXPECT_EQ(long_prompt.exit_code, 1) << long_prompt.err;
+  EXPECT_NE(long_prompt.err.find("but the context is 4"), std::string::npos) << long_prompt.err;
+  EXPECT_EQ(long_prompt.err.find("--max-tokens"), std::string::npos) << long_prompt.err;
 
   // A complete model that a fetch is updating (or left half done): its
   // .tandem-fetch/ has no complete.json, and serve refuses it.
@@ -181,6 +192,31 @@ TEST_F(CliTest, BadModelDirectoriesExitNonZeroNamingTheProblem) {
   EXPECT_EQ(incomplete.exit_code, 1) << incomplete.err;
   EXPECT_NE(incomplete.err.find("holds an incomplete download"), std::string::npos)
       << incomplete.err;
+}
+
+// A tokenizer with an added token past the model's vocab_size (a fine-tune
+// that never resized the embedding): a prompt encoding to it is refused
+// naming the id, where it failed a check and aborted.
+TEST_F(CliTest, GenerateRefusesAPromptOutsideTheModelsVocabulary) {
+  const fs::path model = makeTinyModel("oov", 2);
+  const auto vocab_size =
+      nlohmann::json::parse(readFile(model / "config.json"))["vocab_size"].get<int64_t>();
+  nlohmann::json tokenizer = nlohmann::json::parse(readFile(model / "tokenizer.json"));
+  tokenizer["added_tokens"].push_back({{"id", vocab_size},
+                                       {"content", "<tool>"},
+                                       {"single_word", false},
+                                       {"lstrip", false},
+                                       {"rstrip", false},
+                                       {"normalized", false},
+                                       {"special", true}});
+  std::ofstream(model / "tokenizer.json") << tokenizer.dump();
+  CommandResult r = run("timeout 60 " + bin("tandem-agent") + " generate --model '" +
+                        model.string() + "' --prompt 'Hello <tool> world' --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--prompt encodes to token id " + std::to_string(vocab_size) +
+                       ", outside the model's vocabulary [0, " + std::to_string(vocab_size) + ")"),
+            std::string::npos)
+      << r.err;
 }
 
 // A bad value refused at start: exit code 1 (not a signal, not serving), and

@@ -2,6 +2,7 @@
 // on tiny generated models and on copies corrupted one way at a time.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -96,6 +97,25 @@ void rewriteHeader(const fs::path& dir, const std::function<void(json&)>& edit) 
   RawSafetensors raw = RawSafetensors::read(dir / "model.safetensors");
   edit(raw.header);
   raw.write(dir / "model.safetensors");
+}
+
+// Writes model.safetensors again without the tensor `missing`, as a
+// checkpoint saved without it would be (its bytes gone too: a file with
+// bytes no tensor names is refused).
+void removeTensor(const fs::path& dir, const std::string& missing) {
+  const fs::path path = dir / "model.safetensors";
+  SafetensorsWriter writer;
+  {
+    SafetensorsFile file(path);
+    ASSERT_NE(file.find(missing), nullptr) << missing;
+    for (const auto& [name, tensor] : file.tensors()) {
+      if (name == missing) continue;
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data);
+      writer.add(name, tensor.dtype, tensor.shape,
+                 std::vector<uint8_t>(bytes, bytes + tensor.num_bytes));
+    }
+  }
+  writer.write(path);
 }
 
 // Moves the tensors of model.safetensors into two shards plus an index: the
@@ -285,7 +305,7 @@ TEST(ModelLoading, TiedEmbeddingsShareTheEmbeddingMatrix) {
   TempDir dir;
   writeTiny(dir.path());
   rewriteConfig(dir.path(), [](json& c) { c["tie_word_embeddings"] = true; });
-  rewriteHeader(dir.path(), [](json& h) { h.erase("lm_head.weight"); });
+  removeTensor(dir.path(), "lm_head.weight");
   std::unique_ptr<Model> model = Model::load(dir.path());
   EXPECT_EQ(model->weights().lm_head.data, model->weights().embed_tokens.data);
   EXPECT_EQ(model->weights().lm_head.rows, 512);
@@ -428,6 +448,59 @@ TEST(ModelLoadingErrors, SafetensorsOverlappingTensors) {
   EXPECT_CONTAINS(message, "overlap");
 }
 
+// Bytes no tensor names, a tail or a gap, are refused as Hugging Face's
+// safetensors refuses them (MetadataIncompleteBuffer, InvalidOffset): they
+// were mapped and digested at start for nothing, however large.
+TEST(ModelLoadingErrors, SafetensorsBytesThatNoTensorNames) {
+  TempDir dir;
+  writeTiny(dir.path());
+  const fs::path file = dir.path() / "model.safetensors";
+  RawSafetensors raw = RawSafetensors::read(file);
+  const size_t data_size = raw.data.size();
+  raw.data.append(4096, '\0');
+  raw.write(file);
+  std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "model.safetensors: the last 4096 bytes of the data area (from offset " +
+                               std::to_string(data_size) + " of " +
+                               std::to_string(data_size + 4096) + ") belong to no tensor");
+
+  TempDir gap;
+  writeTiny(gap.path());
+  rewriteHeader(gap.path(), [](json& h) {
+    json& offsets = h["model.norm.weight"]["data_offsets"];
+    offsets = {offsets[0].get<uint64_t>() + 2, offsets[1].get<uint64_t>() + 2};
+  });
+  raw = RawSafetensors::read(gap.path() / "model.safetensors");
+  raw.data.append(2, '\0');
+  raw.write(gap.path() / "model.safetensors");
+  message = loadError(gap.path());
+  EXPECT_CONTAINS(message, "belong to no tensor (before model.norm.weight)");
+}
+
+// config.json, an index or the weights that are a FIFO or a device
+// (a link to /dev/zero) is refused at once, not waited on or read forever.
+TEST(ModelLoadingErrors, AModelJsonFileThatIsNotARegularFile) {
+  TempDir dir;
+  writeTiny(dir.path());
+  fs::remove(dir.path() / "config.json");
+  fs::create_symlink("/dev/zero", dir.path() / "config.json");
+  EXPECT_CONTAINS(loadError(dir.path()), "config.json: not a regular file");
+
+  TempDir sharded;
+  writeTiny(sharded.path());
+  shard(sharded.path());
+  const fs::path index = sharded.path() / "model.safetensors.index.json";
+  fs::remove(index);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_CONTAINS(loadError(sharded.path()), "model.safetensors.index.json: not a regular file");
+
+  TempDir weights;
+  writeTiny(weights.path());
+  fs::remove(weights.path() / "model.safetensors");
+  ASSERT_EQ(::mkfifo((weights.path() / "model.safetensors").c_str(), 0600), 0);
+  EXPECT_CONTAINS(loadError(weights.path()), "model.safetensors: not a regular file");
+}
+
 TEST(ModelLoadingErrors, SafetensorsByteSizeMismatch) {
   TempDir dir;
   writeTiny(dir.path());
@@ -449,7 +522,7 @@ TEST(ModelLoadingErrors, SafetensorsUnknownDtype) {
 TEST(ModelLoadingErrors, MissingTensor) {
   TempDir dir;
   writeTiny(dir.path());
-  rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight"); });
+  removeTensor(dir.path(), "model.layers.1.mlp.up_proj.weight");
   const std::string message = loadError(dir.path());
   EXPECT_CONTAINS(message, "tensor model.layers.1.mlp.up_proj.weight missing from ");
   EXPECT_CONTAINS(message, "model.safetensors");
@@ -559,8 +632,7 @@ TEST(ModelLoadingErrors, MixtureTensorsAreNamedWhenMissingMisshapenOrStacked) {
   {
     TempDir dir;
     writeTiny(dir.path(), "MixtralForCausalLM");
-    rewriteHeader(dir.path(),
-                  [](json& h) { h.erase("model.layers.1.block_sparse_moe.experts.3.w3.weight"); });
+    removeTensor(dir.path(), "model.layers.1.block_sparse_moe.experts.3.w3.weight");
     EXPECT_CONTAINS(loadError(dir.path()),
                     "tensor model.layers.1.block_sparse_moe.experts.3.w3.weight missing from ");
   }
@@ -634,8 +706,7 @@ TEST(ModelLoading, GraniteMoeStackedExpertsAreViewsOfItsTensors) {
   const TensorInfo* router = file.find("model.layers.1.block_sparse_moe.router.layer.weight");
   ASSERT_NE(router, nullptr);
   EXPECT_EQ(std::memcmp(layer.router.data, router->data, router->num_bytes), 0);
-  rewriteHeader(dir.path(),
-                [](json& h) { h.erase("model.layers.0.block_sparse_moe.output_linear.weight"); });
+  removeTensor(dir.path(), "model.layers.0.block_sparse_moe.output_linear.weight");
   EXPECT_CONTAINS(loadError(dir.path()),
                   "tensor model.layers.0.block_sparse_moe.output_linear.weight missing from ");
 }
@@ -835,7 +906,7 @@ TEST(ModelLoading, GptOssRefusalsNameTheTensor) {
         "model.layers.0.self_attn.o_proj.bias", "model.layers.1.mlp.experts.down_proj_bias"}) {
     TempDir dir;
     write(dir.path(), DType::kBF16);
-    rewriteHeader(dir.path(), [&](json& h) { h.erase(missing); });
+    removeTensor(dir.path(), missing);
     EXPECT_CONTAINS(loadError(dir.path()), "tensor " + missing + " missing from ");
   }
 }
@@ -886,7 +957,7 @@ TEST(ModelLoading, Glm4MoeRoutingTensorsAreReadAndItsPredictionLayerPassedBy) {
                                     "model.layers.1.mlp.shared_experts.down_proj.weight"}) {
     TempDir dir;
     writeTiny(dir.path(), "Glm4MoeForCausalLM");
-    rewriteHeader(dir.path(), [&](json& h) { h.erase(missing); });
+    removeTensor(dir.path(), missing);
     EXPECT_CONTAINS(loadError(dir.path()), "tensor " + missing + " missing from ");
   }
   {
@@ -905,7 +976,7 @@ TEST(ModelLoading, Glm4MoeRoutingTensorsAreReadAndItsPredictionLayerPassedBy) {
 TEST(ModelLoadingErrors, MissingBiasForQwen2) {
   TempDir dir;
   writeTiny(dir.path(), "Qwen2ForCausalLM");
-  rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.0.self_attn.k_proj.bias"); });
+  removeTensor(dir.path(), "model.layers.0.self_attn.k_proj.bias");
   EXPECT_CONTAINS(loadError(dir.path()), "tensor model.layers.0.self_attn.k_proj.bias missing");
 }
 
@@ -1268,7 +1339,7 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   {
     TempDir dir;
     writeTinyFp8(dir.path(), "compressed-tensors");
-    rewriteHeader(dir.path(), [](json& h) { h.erase("model.layers.1.mlp.up_proj.weight_scale"); });
+    removeTensor(dir.path(), "model.layers.1.mlp.up_proj.weight_scale");
     EXPECT_CONTAINS(loadError(dir.path()),
                     "tensor model.layers.1.mlp.up_proj.weight_scale, the scales of fp8 tensor "
                     "model.layers.1.mlp.up_proj.weight, is missing from ");

@@ -194,8 +194,21 @@ TEST(ChatTemplate, NamedTemplatesToolUseWhenToolsGiven) {
   input.tools = nullptr;
   auto rendered = (*no_default)->render(input);
   ASSERT_TRUE(std::holds_alternative<jinja::TemplateError>(rendered));
-  EXPECT_NE(std::get<jinja::TemplateError>(rendered).message.find("none is named \"default\""),
+  EXPECT_NE(std::get<jinja::TemplateError>(rendered).message.find(
+                "include none named \"default\" for a request without tools"),
             std::string::npos);
+
+  // A lone "tool_use" template serves requests with tools only, as in
+  // transformers: it was used for every request.
+  auto tool_use_only = ChatTemplate::create({{"tool_use", "tools:{{ tools | length }}", "b"}}, {});
+  ASSERT_TRUE(tool_use_only.isOk());
+  rendered = (*tool_use_only)->render(input);
+  ASSERT_TRUE(std::holds_alternative<jinja::TemplateError>(rendered));
+  EXPECT_EQ(std::get<jinja::TemplateError>(rendered).message,
+            "this model's chat templates (tool_use) include none named \"default\" for a request "
+            "without tools; give one with --chat-template FILE");
+  input.tools = ordered_json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  EXPECT_EQ(renderOk(**tool_use_only, input), "tools:1");
 }
 
 TEST(ChatTemplate, ParseErrorNamesFileAndLine) {
