@@ -30,6 +30,11 @@
 
 namespace tandem::kernels {
 
+// The largest head_dim the attention kernels take (CPU and CUDA: a head's
+// row is held on the stack or in registers); every released model's is at
+// most this.
+inline constexpr int64_t kMaxAttentionHeadDim = 256;
+
 // How a weight matrix lies in memory.
 enum class WeightLayout {
   kRows,       // row-major, row stride `cols`: the checkpoint's own layout

@@ -616,6 +616,11 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
   model->directory_ = dir;
   model->config_ = ModelConfig::fromFile(config_path, hf_overrides);
   const ModelConfig& c = model->config_;
+  if (c.head_dim > kernels::kMaxAttentionHeadDim) {
+    throw Error(config_path.string() + ": head_dim " + std::to_string(c.head_dim) +
+                " is more than the " + std::to_string(kernels::kMaxAttentionHeadDim) +
+                " the attention kernels take");
+  }
 
   TensorSource source(dir, model->files_, c.quantization, model->scales_, model->converted_);
   const int64_t hidden = c.hidden_size;

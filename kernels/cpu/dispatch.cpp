@@ -567,7 +567,8 @@ void pagedAttention(const KvCacheLayout& cache, int32_t layer, const float* q, i
   checkSequences(cache, layer, sequences, num_sequences);
   TANDEM_CHECK(window >= 0, "attention window must not be negative");
   TANDEM_CHECK(softcap >= 0.0f, "attention softcap must not be negative");
-  TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= 256, "head_dim must be in 1..256");
+  TANDEM_CHECK(cache.head_dim >= 1 && cache.head_dim <= kMaxAttentionHeadDim,
+               "head_dim must be in 1..256");
   TANDEM_CHECK(cache.num_kv_heads >= 1 && num_heads % cache.num_kv_heads == 0,
                "num_heads must be a multiple of num_kv_heads");
   const cpu::IsaKernels& isa = active();

@@ -374,6 +374,16 @@ TEST(ModelLoadingErrors, MissingRequiredField) {
   EXPECT_CONTAINS(message, "\"intermediate_size\" is missing");
 }
 
+// A head_dim past what the attention kernels take is refused at load,
+// naming the field: it loaded, and the first request failed a check.
+TEST(ModelLoadingErrors, HeadDimPastTheAttentionKernels) {
+  TempDir dir;
+  writeTiny(dir.path());
+  rewriteConfig(dir.path(), [](json& c) { c["head_dim"] = 512; });
+  const std::string message = loadError(dir.path());
+  EXPECT_CONTAINS(message, "config.json: head_dim 512 is more than the 256 the attention kernels");
+}
+
 TEST(ModelLoadingErrors, SafetensorsTruncatedInDataArea) {
   TempDir dir;
   writeTiny(dir.path());
