@@ -41,12 +41,12 @@ std::optional<std::string> readModelFile(const std::filesystem::path& path, uint
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw Error(name + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(info.st_mode)) {
-    throw Error(name + ": not a regular file (accepted: a JSON file, or a link to one)");
+    throw Error(name + ": not a regular file (accepted: a file, or a link to one)");
   }
   const auto size = static_cast<uint64_t>(info.st_size);
   if (size > max_bytes) {
     throw Error(name + ": " + std::to_string(size) + " bytes, more than the " +
-                std::to_string(max_bytes) + " a model's JSON file may have");
+                std::to_string(max_bytes) + " this file may have");
   }
   std::string text(static_cast<size_t>(size), '\0');
   size_t done = 0;

@@ -13,12 +13,13 @@ namespace tandem {
 // directory included).
 std::optional<std::string> readFileText(const std::filesystem::path& path);
 
-// The largest JSON file of a model directory read whole (config.json, a
-// sharded checkpoint's index, generation_config.json, a LoRA adapter's
-// adapter_config.json): the largest real ones are a few MB.
+// The largest file of a model read whole (config.json, a sharded
+// checkpoint's index, generation_config.json, a LoRA adapter's
+// adapter_config.json, a chat template file): the largest real ones are a
+// few MB.
 inline constexpr uint64_t kMaxModelJsonBytes = 64ull << 20;
 
-// A model directory's JSON file: its bytes, or nullopt when there is no
+// A model's file read whole: its bytes, or nullopt when there is no
 // such file. Anything else in its place (a FIFO, a device, a directory, a
 // file over `max_bytes`) throws tandem::Error naming the file and what is
 // accepted, without waiting on it or reading it through.

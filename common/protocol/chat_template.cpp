@@ -5,6 +5,9 @@
 #include <sstream>
 #include <utility>
 
+#include "common/file_text.h"
+#include "common/status.h"
+
 namespace tandem::server {
 namespace {
 
@@ -39,11 +42,16 @@ bool loopsOverContent(const std::string& text) {
 }
 
 StatusOr<std::string> readTemplateFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return invalidArgument("cannot read the chat template file " + path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  // A FIFO, a device or a directory is refused, not waited on, read
+  // without end or read as an empty template.
+  std::optional<std::string> text;
+  try {
+    text = readModelFile(path);
+  } catch (const Error& e) {
+    return invalidArgument(std::string("the chat template file ") + e.what());
+  }
+  if (!text) return invalidArgument("cannot read the chat template file " + path.string());
+  return std::move(*text);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "common/protocol/chat_template.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <ctime>
 #include <filesystem>
@@ -305,6 +306,18 @@ TEST(ChatTemplate, LoadsModelTemplatesAndSpecialTokens) {
   auto missing = ChatTemplate::load(*tokenizer, dir.path() / "absent.jinja");
   ASSERT_FALSE(missing.isOk());
   EXPECT_NE(missing.status().message().find("absent.jinja"), std::string::npos);
+  // A directory, a FIFO or a device is refused at start: a directory was
+  // an empty template, a FIFO waited for a writer, /dev/zero read on.
+  std::filesystem::create_directory(dir.path() / "a-directory");
+  ASSERT_EQ(::mkfifo((dir.path() / "a-fifo").c_str(), 0600), 0);
+  for (const std::filesystem::path& odd :
+       {dir.path() / "a-directory", dir.path() / "a-fifo", std::filesystem::path("/dev/zero")}) {
+    auto refused = ChatTemplate::load(*tokenizer, odd);
+    ASSERT_FALSE(refused.isOk()) << odd;
+    EXPECT_EQ(refused.status().message(), "the chat template file " + odd.string() +
+                                              ": not a regular file (accepted: a file, or a "
+                                              "link to one)");
+  }
 }
 
 // chat_template.jinja wins over tokenizer_config.json's default template, as
