@@ -321,6 +321,13 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
       }
       for (float& value : pair.b_scaled) {
         value = static_cast<float>(static_cast<double>(value) * adapter->scale_);
+        // A large finite value times lora_alpha / r can pass float's range.
+        if (!std::isfinite(value)) {
+          throw Error("tensor " + prefixes.front() + std::to_string(layer) + "." +
+                      checkpointModuleName(model, module) + ".lora_B.weight in " + file +
+                      " holds a value that times the scaling (lora_alpha / r = " +
+                      std::to_string(adapter->scale_) + ") is past float's range");
+        }
       }
       adapted = true;
     }

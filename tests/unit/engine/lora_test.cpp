@@ -221,6 +221,18 @@ TEST(LoraAdapter, BadTensorsAreRefusedNamingTheTensor) {
       {{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 8}}},
       std::numeric_limits<float>::quiet_NaN());
   EXPECT_NE(loadError(poisoned.path()).find("holds a NaN or infinity"), std::string::npos);
+  // Finite, but past float's range once scaled (lora_alpha 16 / r 8 = 2):
+  // it served garbage.
+  AdapterDir overflowing;
+  overflowing.setTensors(
+      {{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 8}}}, 3e38f);
+  EXPECT_NE(loadError(overflowing.path())
+                .find("q_proj.lora_B.weight in " +
+                      (overflowing.path() / "adapter_model.safetensors").string() +
+                      " holds a value that times the scaling (lora_alpha / r = 2.000000) is past "
+                      "float's range"),
+            std::string::npos)
+      << loadError(overflowing.path());
 }
 
 // Phi-3's adapters (PEFT on Phi3ForCausalLM) adapt its fused qkv_proj and
