@@ -41,7 +41,9 @@ class TensorSource {
       : files_(files), quantization_(quantization), scales_(scales), converted_(converted) {
     const fs::path single = dir / kSingleFile;
     const fs::path index = dir / kIndexFile;
-    if (fs::exists(single)) {
+    // A link that leads nowhere is named as such, not as no file.
+    std::error_code error;
+    if (fs::exists(single) || fs::is_symlink(fs::symlink_status(single, error))) {
       files_.push_back(std::make_unique<SafetensorsFile>(single));
       return;
     }

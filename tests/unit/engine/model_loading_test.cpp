@@ -504,6 +504,13 @@ TEST(ModelLoadingErrors, AModelJsonFileThatIsNotARegularFile) {
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
   EXPECT_CONTAINS(loadError(sharded.path()), "model.safetensors.index.json: not a regular file");
 
+  TempDir dangling;
+  writeTiny(dangling.path());
+  fs::remove(dangling.path() / "model.safetensors");
+  fs::create_symlink(dangling.path() / "elsewhere.safetensors",
+                     dangling.path() / "model.safetensors");
+  EXPECT_CONTAINS(loadError(dangling.path()), "model.safetensors: cannot open: No such file");
+
   TempDir weights;
   writeTiny(weights.path());
   fs::remove(weights.path() / "model.safetensors");
