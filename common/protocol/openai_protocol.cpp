@@ -1010,10 +1010,17 @@ Result<ParsedRequest> parseCompletion(std::string_view body, const ServerLimits&
             readPrompt(fields, *prompt, name, limits, tokenizer, add_special_tokens, one)) {
       return *error;
     }
-    if (one.echo && one.request.resume_output.empty()) {
-      one.echo_text = one.prompt_text.empty()
-                          ? tokenizer.decode(one.request.prompt, /*skip_special_tokens=*/false)
-                          : one.prompt_text;
+    if (one.echo) {
+      std::string echo_text = one.prompt_text.empty()
+                                  ? tokenizer.decode(one.request.prompt,
+                                                     /*skip_special_tokens=*/false)
+                                  : one.prompt_text;
+      if (one.request.resume_output.empty()) {
+        one.echo_text = std::move(echo_text);
+      } else {
+        // Not sent again; the output's offsets still begin after it.
+        for (char c : echo_text) one.resumed_echo_chars += (c & 0xC0) != 0x80 ? 1 : 0;
+      }
     }
     if (auto error =
             finishRequest(one, limits, max_tokens, max_tokens_name, name.c_str(), name.c_str())) {

@@ -190,6 +190,10 @@ struct ParsedRequest {
   // it came from sent it).
   bool echo = false;
   std::string echo_text;
+  // A resumed stream with echo: the characters of the prompt's text its
+  // first stream echoed, where the output's text offsets begin (as they
+  // did there).
+  int64_t resumed_echo_chars = 0;
   // vLLM's prompt_logprobs as asked (alternatives per prompt token), for
   // the response; request.sampling.prompt_logprobs is what the engine
   // computes (also set by echo with logprobs).
@@ -255,6 +259,7 @@ struct ResponseMeta {
   // first stream chunk carries it). Empty for a resumed stream: the agent
   // it came from sent it.
   std::string echo_text;
+  int64_t resumed_echo_chars = 0;  // ParsedRequest's
   // Completions with echo and logprobs: the logprobs start with the
   // prompt's tokens (RequestOutput::prompt_logprobs), offsets into echo_text.
   bool echo_logprobs = false;

@@ -263,6 +263,7 @@ ResponseMeta makeResponseMeta(const ParsedRequest& request, std::string_view req
   meta.kv_transfer_params = request.kv_transfer_params;
   meta.chat_output = request.chat_output;
   meta.echo_text = request.echo_text;
+  meta.resumed_echo_chars = request.resumed_echo_chars;
   meta.echo_logprobs = request.echo && request.request.sampling.logprobs.has_value() &&
                        request.request.resume_output.empty();
   meta.prompt_logprobs = request.prompt_logprobs;
@@ -381,6 +382,7 @@ std::optional<json> completionChunk(const ResponseMeta& meta, const protocol::Re
   // start).
   if (!state.resumed_counted) {
     state.resumed_counted = true;
+    state.text_chars.chars += meta.resumed_echo_chars;
     for (TokenId token : meta.resumed_tokens) {
       (void)advanceTextOffset(meta, tokenizer, token, state.text_chars);
     }

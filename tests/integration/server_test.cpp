@@ -800,13 +800,20 @@ TEST(Server, AResumedStreamsTextOffsetsAreTheUninterruptedOnes) {
   body["stop"] = {before.substr(before.size() - 1) + "\x01"};
   body["logprobs"] = 0;
   body["stream"] = true;
-  const StreamedAnswer whole = streamFrom(agent, "/v1/completions", body);
-  ASSERT_EQ(whole.text_offsets.size(), 16u);
-  json resumed = body;
-  resumed["resume_token_ids"] = std::vector<int>(all.begin(), all.begin() + k);
-  const StreamedAnswer rest = streamFrom(agent, "/v1/completions", resumed);
-  EXPECT_EQ(rest.text_offsets,
-            std::vector<int64_t>(whole.text_offsets.begin() + k, whole.text_offsets.end()));
+  // With echo, the uninterrupted stream's offsets begin after the prompt
+  // it echoed; the resumed one, which does not echo it again, too (they
+  // began at 0).
+  for (const bool echo : {false, true}) {
+    SCOPED_TRACE(echo ? "echo" : "no echo");
+    body["echo"] = echo;
+    const StreamedAnswer whole = streamFrom(agent, "/v1/completions", body);
+    ASSERT_EQ(whole.text_offsets.size(), echo ? 16u + prompt.size() : 16u);
+    json resumed = body;
+    resumed["resume_token_ids"] = std::vector<int>(all.begin(), all.begin() + k);
+    const StreamedAnswer rest = streamFrom(agent, "/v1/completions", resumed);
+    EXPECT_EQ(rest.text_offsets,
+              std::vector<int64_t>(whole.text_offsets.end() - (16 - k), whole.text_offsets.end()));
+  }
 }
 
 // A stream resumed from the tokens another agent already sent continues it:
