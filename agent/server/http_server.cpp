@@ -69,13 +69,16 @@ struct LatencyClock {
 };
 
 // The engine's output callback of one request: its latency metrics, then
-// the output to the connection.
+// the output to the connection. `resumed_tokens`: the tokens of a resumed
+// stream another agent generated (counted there).
 engine::Engine::OutputCallback outputCallback(AgentMetrics& metrics,
                                               std::shared_ptr<OutputChannel> channel,
-                                              Clock::time_point arrival) {
+                                              Clock::time_point arrival,
+                                              int64_t resumed_tokens = 0) {
   auto latency = std::make_shared<LatencyClock>();
   latency->arrival = arrival;
-  return [&metrics, channel = std::move(channel), latency](const engine::RequestOutput& output) {
+  return [&metrics, channel = std::move(channel), latency,
+          resumed_tokens](const engine::RequestOutput& output) {
     const auto now = Clock::now();
     if (!output.tokens.empty()) {
       if (latency->last_token == Clock::time_point{}) {
@@ -88,8 +91,8 @@ engine::Engine::OutputCallback outputCallback(AgentMetrics& metrics,
       latency->last_token = now;
     }
     if (output.finished()) {
-      metrics.observeFinished(output,
-                              std::chrono::duration<double>(now - latency->arrival).count());
+      metrics.observeFinished(output, std::chrono::duration<double>(now - latency->arrival).count(),
+                              resumed_tokens);
     }
     channel->push(output);
   };
@@ -587,7 +590,8 @@ void HttpServer::routes() {
         co_return;
       }
       auto channel = std::make_shared<OutputChannel>(exchange.waker());
-      auto callback = outputCallback(metrics_, channel, request.request.arrival);
+      auto callback = outputCallback(metrics_, channel, request.request.arrival,
+                                     static_cast<int64_t>(request.request.resume_output.size()));
       const bool stream = request.stream;
       Status status = engine_.addRequest(std::move(request.request), callback);
       if (!status.isOk()) {

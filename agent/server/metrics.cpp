@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -242,7 +243,8 @@ void AgentMetrics::observeInterTokenLatency(double seconds) {
   itl_->Observe(seconds);
 }
 
-void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_seconds) {
+void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_seconds,
+                                   int64_t resumed_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
   e2e_->Observe(e2e_seconds);
   const auto& t = out.timings;
@@ -254,7 +256,10 @@ void AgentMetrics::observeFinished(const engine::RequestOutput& out, double e2e_
     decode_time_->Observe(secondsBetween(t.first_token, t.finished));
   }
   prompt_tokens_->Increment(static_cast<double>(out.num_prompt_tokens));
-  generation_tokens_->Increment(static_cast<double>(out.num_generated_tokens));
+  // A resumed stream's usage counts the whole answer; this agent generated
+  // only what followed the resumed tokens.
+  generation_tokens_->Increment(
+      static_cast<double>(std::max<int64_t>(0, out.num_generated_tokens - resumed_tokens)));
   requests_
       ->Add({{"model", model_},
              {"role", role_},

@@ -41,7 +41,10 @@ class AgentMetrics {
   void observeInterTokenLatency(double seconds);
   // A finished request: end-to-end latency, stage times from the engine's
   // timings, token counters and the finish-reason counter.
-  void observeFinished(const engine::RequestOutput& final_output, double e2e_seconds);
+  // `resumed_tokens`: a resumed stream's tokens another agent generated,
+  // left out of tandem_generation_tokens_total.
+  void observeFinished(const engine::RequestOutput& final_output, double e2e_seconds,
+                       int64_t resumed_tokens = 0);
   // A request refused before it reached the engine (bad input, overload).
   void observeRejected(const std::string& reason);
   // tandem_lora_requests_total{adapter}: a series at 0 for each adapter

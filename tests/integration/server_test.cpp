@@ -854,7 +854,11 @@ TEST(Server, AResumedStreamContinuesTheUninterruptedOne) {
       ASSERT_EQ(sent.size(), k);
       json resumed = body;
       resumed["resume_token_ids"] = sent;
+      const double generated_before = agent.metric("tandem_generation_tokens_total");
       const StreamedAnswer rest = streamFrom(agent, path, resumed);
+      // The agent generated the rest only: the first k are the other's.
+      EXPECT_EQ(agent.metric("tandem_generation_tokens_total") - generated_before,
+                static_cast<double>(20 - k));
       std::vector<int> continued;
       std::string continued_text;
       for (size_t i = 0; i < rest.ids.size(); ++i) {
