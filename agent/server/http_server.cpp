@@ -955,6 +955,7 @@ void HttpServer::routes() {
                      sendError(res, fromStatus(failedPrecondition("this agent cannot be drained")));
                      return res;
                    }
+                   TANDEM_LOG(kInfo) << "POST /admin/drain: draining as on SIGTERM";
                    config_.on_drain();
                    res.status = 202;
                    res.set_content(R"({"draining":true})", "application/json");

@@ -393,6 +393,7 @@ void AgentSupervisor::poll() {
   // Each agent's output is waited for briefly: together these waits pace the
   // owner's loop.
   const milliseconds output_wait(agents_.size() > 8 ? 1 : 2);
+  std::vector<Agent*> drained_from_outside;
   for (auto& agent_ptr : agents_) {
     Agent& agent = *agent_ptr;
     if (agent.process) {
@@ -443,9 +444,13 @@ void AgentSupervisor::poll() {
           // of a failing engine, or no answer, is not.
           std::string body;
           const int status = healthStatus(options_.host, agent.port, &body);
-          const bool alive =
-              status == 200 || (status == 503 && body.find("\"draining\"") != std::string::npos);
+          const bool draining = status == 503 && body.find("\"draining\"") != std::string::npos;
+          const bool alive = status == 200 || draining;
           agent.failed_probes = alive ? 0 : agent.failed_probes + 1;
+          if (draining && !agent.removed && !agent.retiring) {
+            drained_from_outside.push_back(&agent);
+            break;
+          }
           if (agent.failed_probes >= options_.liveness_failures) {
             TANDEM_LOG(kWarn) << "local: " << agent.name << " (pid " << agent.process->pid()
                               << ") failed /health " << agent.failed_probes << " times in a row, "
@@ -457,6 +462,22 @@ void AgentSupervisor::poll() {
         break;
     }
   }
+  // An agent drained by someone else (POST /admin/drain, a signal of its
+  // own) is replaced at once, as a Deployment replaces a terminating pod:
+  // it retires, unlisted, while its replacement starts, so that the streams
+  // it hands over have an agent to resume on before it exits.
+  for (Agent* agent : drained_from_outside) {
+    const Pool* pool = findPool(agent->pool);
+    if (pool == nullptr || stopping_all_) continue;
+    TANDEM_LOG(kInfo) << "local: " << agent->name << " (pid " << agent->process->pid()
+                      << ") is draining, not asked to by local mode: it retires while its "
+                      << "replacement starts";
+    agent->removed = true;
+    agent->retiring = true;
+    sendStop(*agent);
+    want(*pool, agent->index, agent->surge);
+  }
+  if (!drained_from_outside.empty()) sortAgents();
   for (Pool& pool : pools_) rollOut(pool);
   std::erase_if(agents_, [](const auto& agent) { return agent->removed && !agent->process; });
 }

@@ -38,6 +38,9 @@ constexpr std::chrono::seconds kExpectedBlocksTtl{30};
 // with no agent fit.
 constexpr std::chrono::milliseconds kRecheckInterval{100};
 
+// The most of a decode agent's refusal read to tell a drain's from others.
+constexpr size_t kMaxRefusalBytes = 16384;
+
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
@@ -655,7 +658,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // 100 ms until the move's time is up or the client leaves. The first
   // position from `from` whose agent is fit, or decode_order.size().
   // `move_counted`: the move waiting is one already counted against
-  // --max-migrations (its first agent refused it), so the budget allows it.
+  // --max-migrations (its first agent refused it), so the budget allows it;
+  // also a request not begun that every decode agent refused draining (no
+  // move, no splice).
   auto waitForFit = [&](size_t from, bool move_counted) -> awaitable<size_t> {
     size_t next = nextFit(from);
     while (next >= decode_order.size() &&
@@ -900,6 +905,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       }
     } else if (!migrating) {
       next = nextFit(attempt + 1);
+      if (next >= decode_order.size() && outcome == DecodeOutcome::kRefusedDraining) {
+        // Every decode agent drains (a pool replaced at once, a lone
+        // agent's drain): the request waits for the agents that replace
+        // them, as a handed-over stream does, within --migration-timeout.
+        if (!first_break) first_break = Clock::now();
+        next = co_await waitForFit(attempt + 1, /*move_counted=*/true);
+        if (client.stop->fired) {
+          co_await endForStop();
+          co_return;
+        }
+      }
     }
     if (migrating && next >= decode_order.size()) {
       metrics_.countMigration("failure", "exhausted");
@@ -1138,8 +1154,25 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   const int status = static_cast<int>(parser->get().result_int());
   if (agentFailed(status)) {
     metrics_.countUpstreamError(decode->endpoint.name);
+    // A drain's refusal (503, "the agent is draining: ..."): the agents
+    // that replace it may come, and the caller waits for them.
+    bool draining = false;
+    if (status == 503) {
+      std::string refusal;
+      char chunk[4096];
+      while (!parser->is_done() && refusal.size() < kMaxRefusalBytes) {
+        parser->get().body().data = chunk;
+        parser->get().body().size = sizeof chunk;
+        boost::system::error_code ec;
+        co_await http::async_read_some(upstream, buffer, *parser,
+                                       asio::redirect_error(use_awaitable, ec));
+        if (ec && ec != http::error::need_buffer) break;
+        refusal.append(chunk, sizeof chunk - parser->get().body().size);
+      }
+      draining = refusal.find("the agent is draining") != std::string::npos;
+    }
     leave_to_agent.answered = true;
-    co_return DecodeOutcome::kFailedBeforeStart;
+    co_return draining ? DecodeOutcome::kRefusedDraining : DecodeOutcome::kFailedBeforeStart;
   }
   std::string content_type(parser->get()[http::field::content_type]);
   if (content_type.empty()) content_type = "application/json";

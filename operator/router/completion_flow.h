@@ -92,6 +92,7 @@ class CompletionFlow {
     kDone,
     kRefused,            // the decode agent refused the request (4xx, passed through)
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
+    kRefusedDraining,    // the same, refused by a draining agent (503)
     kBrokenAfterStart,   // the decode agent failed mid-answer
     kStalled,            // mid-answer, nothing came for the upstream timeout
     kHandedOver,         // mid-answer, the draining agent handed the stream over

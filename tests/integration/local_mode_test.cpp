@@ -1447,6 +1447,78 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
   EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
 }
 
+// Every decode agent drained from outside at once (SIGTERM to each, as
+// POST /admin/drain does), while streams run: local mode sees them draining
+// at its next probe and starts their replacements at once, as a Deployment
+// replaces terminating pods, while they still hold the KV they handed
+// over; the streams resume there, identical to undisturbed ones. Before, the
+// replacements started only once the drained agents had exited (their
+// shutdown timeout, with nothing reading their holds), and the streams
+// paused that long and recomputed their KV.
+TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
+  // The drained agents hold the handed-over KV for 30 s (their default), not
+  // the 5 s of the other tests: a loaded machine starts the replacements
+  // more slowly than that.
+  std::string yaml = smallClusterYaml(1, 2);
+  const size_t decode_timeout =
+      yaml.find("shutdownTimeoutSeconds: 5", yaml.find("kind: DecodePool"));
+  yaml.replace(decode_timeout, 25, "shutdownTimeoutSeconds: 30");
+  const fs::path file = dir_.write("cluster.yaml", yaml);
+  Subprocess op(
+      {binary_.string(), "local", "-f", file.string(), "--port", "0", "--liveness-period", "0.2"},
+      dir_.path() / "stderr");
+  std::map<std::string, int> ports;
+  const int port = waitForRouterSeeing(op, ports, "decode-1");
+  ASSERT_NE(port, 0);
+  constexpr int kTokens = 600;
+  const std::vector<nlohmann::json> bodies = smallStreamBodies(8, 1100, kTokens);
+  const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
+  std::vector<testing::StreamedCompletion> streams;
+  std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
+  const bool busy = eventually(
+      [&] {
+        return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2 &&
+               agentMetric(ports["decode-1"], "tandem_num_requests_running") >= 2;
+      },
+      seconds(30));
+  std::map<std::string, int> fresh;  // the replacements' ports
+  std::vector<pid_t> drained;
+  bool drained_ran_beside = false;  // a drained agent still ran when both replacements were up
+  if (busy) {
+    for (const pid_t pid : childPids(op.pid())) {
+      if (commandLine(pid).find("--role decode") != std::string::npos) {
+        ::kill(pid, SIGTERM);
+        drained.push_back(pid);
+      }
+    }
+    while (fresh.size() < 2) {
+      const std::string line = op.waitForLine("[decode-", seconds(60));
+      if (line.empty()) break;
+      const size_t close = line.find("] listening on ");
+      if (close != std::string::npos) {
+        fresh[line.substr(1, close - 1)] = std::stoi(line.substr(line.rfind(':') + 1));
+      }
+    }
+    drained_ran_beside = std::any_of(drained.begin(), drained.end(), processExists);
+  }
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
+  ASSERT_EQ(drained.size(), 2u);
+  ASSERT_EQ(fresh.size(), 2u) << op.stderrText();
+  // They hold the handed-over KV for the streams' next agents: the
+  // replacements start while they do, not once they have exited.
+  EXPECT_TRUE(drained_ran_beside) << op.stderrText();
+  expectUndisturbed(streams, undisturbed, kTokens);
+  const std::string log = op.stderrText();
+  EXPECT_NE(log.find("is draining, not asked to by local mode: it retires while its replacement "
+                     "starts"),
+            std::string::npos)
+      << log;
+  op.readStdout(milliseconds(10));
+  op.signal(SIGTERM);
+  EXPECT_EQ(op.wait(seconds(60)), 0) << op.stderrText();
+}
+
 // A change of model rolls both pools, and the router follows it: it reads
 // the new model's tokenizer from the directory the new agents name and
 // hashes prompts under their identity, so the decode agent holding a

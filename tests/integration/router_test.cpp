@@ -1532,6 +1532,60 @@ TEST_F(RouterTest, TheOnlyDecodeAgentDrainedFinishesItsStreams) {
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
 }
 
+// A request the only decode agent refuses because it drains (here: it was
+// in prefill when the drain began, so the router had chosen that agent)
+// waits for an agent to come, as a handed-over stream does, and is answered
+// there with the tokens any agent gives it. Before, it was a 503 "every
+// decode agent failed this request" while the replacement was starting.
+TEST_F(RouterTest, ARequestEveryDrainingDecodeAgentRefusesWaitsForAReplacement) {
+  RouterClusterOptions options;
+  options.policy = Policy::kRoundRobin;
+  options.model = smallModelDir();
+  // The prompt's prefill takes steps (a step's end publishes the metrics):
+  // it is seen running.
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{"--max-num-batched-tokens", "32"}
+                   : std::vector<std::string>{};
+  };
+  startCluster(options);
+  Agent newcomer(roleArgs("decode"), smallModelDir());
+  Agent& decode = *decode_[0];
+  // A stream of its own keeps decode-0 draining (a lone agent finishes it).
+  json held = greedy(randomPrompt(30, 76), 600);
+  held["ignore_eos"] = true;
+  held["stream"] = true;
+  std::thread holder([&] {
+    httplib::Client client("127.0.0.1", decode.port());
+    client.set_read_timeout(120, 0);
+    client.Post("/v1/completions", held.dump(), "application/json");
+  });
+  const json body = greedy(randomPrompt(900, 77), 8);
+  Answer answer;
+  std::thread asker([&] { answer = post(body); });
+  bool drained = false;
+  bool refused = false;
+  if (eventually([&] { return decode.metric("tandem_num_requests_running") >= 1; }) &&
+      eventually([&] { return prefill_[0]->metric("tandem_num_requests_running") >= 1; },
+                 std::chrono::seconds(20))) {
+    auto res = decode.client()->Post("/admin/drain", "{}", "application/json");
+    drained = res && res->status == 202;
+    refused = eventually(
+        [&] { return decode.metric("tandem_requests_total", "finish_reason=\"rejected\"") >= 1; });
+    router_->setAgents(
+        {{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+        {{"decode-0", "127.0.0.1", decode.port()}, {"decode-2", "127.0.0.1", newcomer.port()}});
+  }
+  asker.join();
+  holder.join();
+  ASSERT_TRUE(drained) << "the request's prefill was never seen running beside the stream";
+  ASSERT_TRUE(refused) << "decode-0 never refused the request";
+  EXPECT_EQ(answer.status, 200) << answer.body.dump();
+  EXPECT_EQ(answer.decode_agent, "decode-2");
+  auto direct = newcomer.post("/v1/completions", body);
+  EXPECT_EQ(tokenIds(answer.body), tokenIds(direct));
+  EXPECT_EQ(tokenIds(answer.body).size(), 8u);
+}
+
 // A rolling replacement under streams (a Deployment's, local mode's): one
 // decode agent leaves the router's list and a new one joins while streams
 // run, then both old agents drain. Every agent a stream knew at its start is
