@@ -1,6 +1,5 @@
 #include "operator/controller/controller_metrics.h"
 
-#include <httplib.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -8,6 +7,7 @@
 
 #include <sstream>
 
+#include "common/http/http_connection.h"
 #include "common/status.h"
 
 namespace tandem::controller {
@@ -168,31 +168,36 @@ std::string ControllerMetrics::render() {
   return out.str();
 }
 
+// The HTTP front the agents and the router serve with: a connection that
+// sends nothing holds a coroutine, never a thread (a pool of threads, each
+// held by an idle connection until its read timeout, kept the kubelet's
+// probes waiting).
 MetricsServer::MetricsServer(const std::string& host, int port, std::function<std::string()> render,
                              std::function<bool()> ready)
-    : server_(std::make_unique<httplib::Server>()) {
-  server_->Get("/metrics", [render](const httplib::Request&, httplib::Response& res) {
+    : http_(std::make_unique<server::HttpService>(server::HttpLimits{}, /*io_threads=*/1,
+                                                  /*worker_threads=*/1)) {
+  http_->get("/metrics", [render](const server::HttpRequest&, server::HttpResponse& res) {
     res.set_content(render(), "text/plain; version=0.0.4");
   });
-  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+  http_->get("/healthz", [](const server::HttpRequest&, server::HttpResponse& res) {
     res.set_content("ok\n", "text/plain");
   });
-  server_->Get("/readyz", [ready](const httplib::Request&, httplib::Response& res) {
+  http_->get("/readyz", [ready](const server::HttpRequest&, server::HttpResponse& res) {
     const bool is_ready = ready();
     res.status = is_ready ? 200 : 503;
     res.set_content(is_ready ? "ok\n" : "caches not synced\n", "text/plain");
   });
-  port_ =
-      port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
-  if (port_ <= 0) {
-    throw Error("--metrics-port: cannot listen on " + host + ":" + std::to_string(port));
+  try {
+    port_ = http_->bind(host, port, kMetricsBacklog);
+  } catch (const Error& e) {
+    throw Error(std::string("--metrics-port: ") + e.what());
   }
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  http_->start();
 }
 
 MetricsServer::~MetricsServer() {
-  server_->stop();
-  if (thread_.joinable()) thread_.join();
+  http_->stop();
+  http_->join();
 }
 
 }  // namespace tandem::controller

@@ -27,7 +27,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <tuple>
 
 namespace prometheus {
@@ -38,8 +37,8 @@ template <typename T>
 class Family;
 }  // namespace prometheus
 
-namespace httplib {
-class Server;
+namespace tandem::server {
+class HttpService;
 }
 
 namespace tandem::controller {
@@ -118,8 +117,8 @@ class MetricsServer {
   int port() const { return port_; }
 
  private:
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  static constexpr int kMetricsBacklog = 128;
+  std::unique_ptr<server::HttpService> http_;
   int port_ = 0;
 };
 

@@ -1,7 +1,5 @@
 #include "operator/local/local_mode.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +8,7 @@
 #include <sstream>
 
 #include "common/file_text.h"
+#include "common/http/http_connection.h"
 #include "common/kv_auth.h"
 #include "common/logging.h"
 #include "common/model_source/hub_fetch.h"
@@ -148,31 +147,25 @@ void LocalMode::startMetricsServer() {
   if (!options_.metrics_port) return;
   const std::string& host = options_.metrics_host;
   const int wanted = *options_.metrics_port;
-  auto server = std::make_unique<httplib::Server>();
-  // Without httplib's default SO_REUSEPORT, a port another process serves is
-  // refused instead of shared.
-  server->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  server->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+  // The agents' and the router's HTTP front: a connection that sends
+  // nothing holds a coroutine, never one of a few threads. A port another
+  // process serves is refused (SO_REUSEADDR only), not shared.
+  auto server = std::make_unique<server::HttpService>(server::HttpLimits{}, /*io_threads=*/1,
+                                                      /*worker_threads=*/1);
+  server->get("/metrics", [this](const server::HttpRequest&, server::HttpResponse& response) {
     response.set_content(localModeMetrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  const int port = wanted == 0 ? server->bind_to_any_port(host)
-                               : (server->bind_to_port(host, wanted) ? wanted : -1);
-  if (port <= 0) {
+  constexpr int kBacklog = 128;
+  int port = 0;
+  try {
+    port = server->bind(host, wanted, kBacklog);
+  } catch (const Error&) {
     throw Error("metrics port: cannot listen on " + host + ":" + std::to_string(wanted) +
                 " (in use, or not an address of this machine); pass another --metrics-port, or "
                 "0 for a free one");
   }
+  server->start();
   metrics_server_ = std::move(server);
-  metrics_thread_ = std::thread([server = metrics_server_.get()] { server->listen_after_bind(); });
-  // httplib's stop() does nothing before the listening loop has begun, which
-  // would leave stopMetricsServer() waiting forever on a quick failure.
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (!metrics_server_->is_running() && Clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(1));
-  }
   metrics_port_ = port;
   options_.supervisor.output("metrics listening on " + host + ":" + std::to_string(port));
   TANDEM_LOG(kInfo) << "local: metrics on http://" << host << ":" << port << "/metrics";
@@ -181,7 +174,7 @@ void LocalMode::startMetricsServer() {
 void LocalMode::stopMetricsServer() {
   if (!metrics_server_) return;
   metrics_server_->stop();
-  if (metrics_thread_.joinable()) metrics_thread_.join();
+  metrics_server_->join();
   metrics_server_.reset();
   metrics_port_ = 0;
 }

@@ -40,8 +40,8 @@
 #include "operator/local/local_planner.h"
 #include "operator/spec/cluster_spec.h"
 
-namespace httplib {
-class Server;
+namespace tandem::server {
+class HttpService;
 }
 
 namespace tandem::local {
@@ -206,8 +206,7 @@ class LocalMode {
   std::vector<PoolPlannerStatus> planner_status_;
   std::deque<PlannerEventRecord> planner_events_;
   std::vector<spec::PoolSpec> published_pools_;  // a copy of pools_ for observers
-  std::unique_ptr<httplib::Server> metrics_server_;
-  std::thread metrics_thread_;
+  std::unique_ptr<server::HttpService> metrics_server_;
   std::atomic<int> metrics_port_{0};
   std::atomic<int> router_port_{0};
   std::atomic<int> router_updates_{0};
