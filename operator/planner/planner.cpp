@@ -324,6 +324,19 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     manual_.reset();
     return wrote(decision);
   }
+  // Above maxReplicas (scaled up by hand, or maxReplicas lowered): the
+  // cost cap holds without a metric too.
+  if (!have_metrics && current > spec_.max_replicas) {
+    Decision decision = hold(pool, metrics, "", "");
+    decision.recommended_replicas = spec_.max_replicas;
+    decision.desired_replicas = std::max(spec_.max_replicas, current - spec_.max_step);
+    describeScale(decision, name,
+                  "replicas " + std::to_string(current) + " are above maxReplicas " +
+                      std::to_string(spec_.max_replicas),
+                  current);
+    manual_.reset();
+    return wrote(decision);
+  }
   if (unmeasured) {
     return hold(pool, metrics, "MetricsUnavailable",
                 "no pod of " + name + " has two scrapes with a latency histogram in the last " +

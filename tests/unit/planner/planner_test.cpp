@@ -425,6 +425,33 @@ TEST(PoolPlannerTest, PendingPodsStillListedAfterTheGiveBackTakeNothingMore) {
   EXPECT_TRUE(decision.scaling_limited.status);
 }
 
+TEST(PoolPlannerTest, AboveMaxReplicasWithoutMetricsIsBroughtToTheMaximum) {
+  // Scaled past maxReplicas by hand (or maxReplicas lowered) with no
+  // metrics to decide by: held as MetricsUnavailable, the pool stayed above
+  // its cost cap for ever.
+  AutoscalingSpec spec = prefillSpec();
+  spec.max_replicas = 4;
+  spec.max_step = 2;
+  PoolPlanner prefill("p", PoolKind::kPrefill, spec);
+  Decision decision = prefill.decide(pool(0, 8), WindowedValues{});
+  EXPECT_EQ(decision.reason, "ScaledDown");
+  EXPECT_EQ(decision.desired_replicas, 6);  // maxStep 2
+  EXPECT_TRUE(decision.write);
+  EXPECT_EQ(decision.message,
+            "prefill pool p: replicas 8 are above maxReplicas 4; recommends 4; replicas 8 -> 6 "
+            "(maxStep 2)");
+  EXPECT_EQ(prefill.decide(pool(1, 6), WindowedValues{}).desired_replicas, 4);
+  // At the maximum, no metrics hold the replicas as before.
+  EXPECT_EQ(prefill.decide(pool(2, 4), WindowedValues{}).reason, "MetricsUnavailable");
+  // A manual scale above it is respected for the window, then overwritten.
+  PoolPlanner manual("p", PoolKind::kPrefill, spec);
+  manual.decide(pool(0, 2), latency(1.0));
+  EXPECT_EQ(manual.decide(pool(10, 50), WindowedValues{}).reason, "ManualScaleRespected");
+  const Decision later = manual.decide(pool(100000, 50), {});  // past any window
+  EXPECT_EQ(later.reason, "ManualScaleOverwritten");
+  EXPECT_EQ(later.desired_replicas, 48);
+}
+
 TEST(PoolPlannerTest, GivingBackNeverGoesBelowMinReplicas) {
   AutoscalingSpec spec = prefillSpec();
   spec.min_replicas = 3;
