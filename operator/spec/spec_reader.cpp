@@ -286,8 +286,9 @@ bool isQuantity(const std::string& text) {
 
 std::string readQuantity(const YAML::Node& node, const std::string& path,
                          const DocumentContext& context) {
-  if (!node.IsScalar() || !isQuantity(node.Scalar())) {
-    fail(context, path, "must be a quantity such as 1, 500m, 8Gi or 1e9, got " + described(node),
+  if (!node.IsScalar() || !isQuantity(node.Scalar()) || node.Scalar().starts_with('-')) {
+    fail(context, path,
+         "must be a quantity of at least 0 such as 1, 500m, 8Gi or 1e9, got " + described(node),
          node);
   }
   return node.Scalar();

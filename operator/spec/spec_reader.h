@@ -145,8 +145,10 @@ bool isDecimalInteger(std::string_view text);
 // G T P E) or an exponent ("1e3", "2E-2"). A string that is not one makes
 // the object it sits in fail to decode there.
 bool isQuantity(const std::string& text);
-// A scalar that is a quantity (isQuantity), or a failure at `path` naming
-// what was found.
+// A scalar that is a quantity (isQuantity) and not negative (every
+// quantity a pool takes is an amount: resources, a size limit, which a real
+// API server refuses negative in the Deployment), or a failure at `path`
+// naming what was found.
 std::string readQuantity(const YAML::Node& node, const std::string& path,
                          const DocumentContext& context);
 

@@ -349,7 +349,7 @@ TEST(ApiServerTest, FieldValidationAndSchemaValidation) {
   const std::string message = unmatched.body.value("message", "");
   for (const std::string& expected :
        {std::string("spec.model.cache.sizeLimit: Invalid value: \"40 GB\": "
-                    "spec.model.cache.sizeLimit in body should match '^(\\+|-)?"),
+                    "spec.model.cache.sizeLimit in body should match '^\\+?"),
         std::string("spec.model.tokenSecretRef.name: Invalid value: \"HF_Token\": "
                     "spec.model.tokenSecretRef.name in body should match '^[a-z0-9]"),
         std::string("spec.model.tokenSecretRef.key: Invalid value: \"..data\": "

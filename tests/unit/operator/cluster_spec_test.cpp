@@ -315,13 +315,25 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
        "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
-       "spec.resources.limits.cpu must be a quantity such as 1, 500m, 8Gi or 1e9, got a list"},
+       "spec.resources.limits.cpu must be a quantity of at least 0 such as 1, 500m, 8Gi or 1e9, "
+       "got a list"},
       {documents({decode_spec + "  resources: {requests: {memory: 8GiB}}\n"}),
-       "spec.resources.requests.memory must be a quantity such as 1, 500m, 8Gi or 1e9, got "
+       "spec.resources.requests.memory must be a quantity of at least 0 such as 1, 500m, 8Gi or "
+       "1e9, got "
        "\"8GiB\""},
+      // Negative amounts, which a real API server refuses in the Deployment
+      // (after the Service and the budget were written).
+      {documents({decode_spec + "  resources: {limits: {nvidia.com/gpu: '-1'}}\n"}),
+       "spec.resources.limits.nvidia.com/gpu must be a quantity of at least 0 such as 1, 500m, "
+       "8Gi or 1e9, got the string \"-1\""},
+      {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: d}\n"
+                  "spec: {model: {source: hf://org/m, cache: {sizeLimit: '-40Gi'}}}\n"}),
+       "spec.model.cache.sizeLimit must be a quantity of at least 0 such as 1, 500m, 8Gi or 1e9, "
+       "got the string \"-40Gi\""},
       {documents({"apiVersion: tandem.dev/v1alpha1\nkind: DecodePool\nmetadata: {name: d}\n"
                   "spec: {model: {source: hf://org/m, cache: {sizeLimit: 40GiB}}}\n"}),
-       "spec.model.cache.sizeLimit must be a quantity such as 1, 500m, 8Gi or 1e9, got "
+       "spec.model.cache.sizeLimit must be a quantity of at least 0 such as 1, 500m, 8Gi or 1e9, "
+       "got "
        "\"40GiB\""},
       {documents({decode_spec + "  image: {}\n"}), "spec.image must be a non-empty string"},
       {documents({kPrefill, "apiVersion: tandem.dev/v1\nkind: DecodePool\n"}),
