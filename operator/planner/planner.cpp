@@ -310,29 +310,22 @@ Decision PoolPlanner::decide(const PoolObservation& pool, const WindowedValues& 
     if (changed_by_others) decision.event = PlannerEvent{"Normal", "ManualScaleRespected", message};
     return decision;
   }
-  // Below minReplicas (replicas set to 0, or under the floor by hand): no
-  // metric is needed to know the pool is too small, and a pool without pods
-  // would never have one.
-  if (!have_metrics && current < spec_.min_replicas) {
+  // Outside [minReplicas, maxReplicas] with no metrics to decide by: below
+  // (replicas set to 0, or under the floor by hand) a pool without pods
+  // would never have one; above (scaled past the cap by hand, or
+  // maxReplicas lowered) the cost cap needs none. Brought to the bound by
+  // maxStep a round.
+  if (!have_metrics && (current < spec_.min_replicas || current > spec_.max_replicas)) {
+    const bool below = current < spec_.min_replicas;
+    const int bound = below ? spec_.min_replicas : spec_.max_replicas;
     Decision decision = hold(pool, metrics, "", "");
-    decision.recommended_replicas = spec_.min_replicas;
-    decision.desired_replicas = std::min(spec_.min_replicas, current + spec_.max_step);
+    decision.recommended_replicas = bound;
+    decision.desired_replicas = below ? std::min(bound, current + spec_.max_step)
+                                      : std::max(bound, current - spec_.max_step);
     describeScale(decision, name,
-                  "replicas " + std::to_string(current) + " are below minReplicas " +
-                      std::to_string(spec_.min_replicas),
-                  current);
-    manual_.reset();
-    return wrote(decision);
-  }
-  // Above maxReplicas (scaled up by hand, or maxReplicas lowered): the
-  // cost cap holds without a metric too.
-  if (!have_metrics && current > spec_.max_replicas) {
-    Decision decision = hold(pool, metrics, "", "");
-    decision.recommended_replicas = spec_.max_replicas;
-    decision.desired_replicas = std::max(spec_.max_replicas, current - spec_.max_step);
-    describeScale(decision, name,
-                  "replicas " + std::to_string(current) + " are above maxReplicas " +
-                      std::to_string(spec_.max_replicas),
+                  "replicas " + std::to_string(current) +
+                      (below ? " are below minReplicas " : " are above maxReplicas ") +
+                      std::to_string(bound),
                   current);
     manual_.reset();
     return wrote(decision);

@@ -829,6 +829,31 @@ class OperatorBinaryTest : public ::testing::Test {
   // The decode pool's rollout ends, and no agent was killed on the way.
   void expectDecodeRolledWithoutAKill(Subprocess& op);
 
+  // Within 30 s, decode-0 and decode-1 (their ports in `ports`) each run
+  // two streams at once.
+  bool decodeAgentsRunTwoStreamsEach(std::map<std::string, int>& ports) {
+    return eventually(
+        [&] {
+          return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2 &&
+                 agentMetric(ports["decode-1"], "tandem_num_requests_running") >= 2;
+        },
+        seconds(30));
+  }
+  // The ports of the next `count` decode agents to print "listening on"
+  // (replacements), by name; fewer when none comes within 60 s.
+  std::map<std::string, int> newDecodeAgentPorts(Subprocess& op, size_t count) {
+    std::map<std::string, int> fresh;
+    while (fresh.size() < count) {
+      const std::string line = op.waitForLine("[decode-", seconds(60));
+      if (line.empty()) break;
+      const size_t close = line.find("] listening on ");
+      if (close != std::string::npos) {
+        fresh[line.substr(1, close - 1)] = std::stoi(line.substr(line.rfind(':') + 1));
+      }
+    }
+    return fresh;
+  }
+
   fs::path binary_ = fs::path(TANDEM_BIN_DIR) / "tandem-operator";
   TempDir dir_{"tandem-operator-test"};
 };
@@ -1414,23 +1439,11 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
   const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
   std::vector<testing::StreamedCompletion> streams;
   std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
-  const bool busy = eventually(
-      [&] {
-        return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2 &&
-               agentMetric(ports["decode-1"], "tandem_num_requests_running") >= 2;
-      },
-      seconds(30));
+  const bool busy = decodeAgentsRunTwoStreamsEach(ports);
   std::map<std::string, int> fresh;  // the replacements' ports
   if (busy) {
     rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 2), rollout), decodeEnv("1")));
-    while (fresh.size() < 2) {
-      const std::string line = op.waitForLine("[decode-", seconds(60));
-      if (line.empty()) break;
-      const size_t close = line.find("] listening on ");
-      if (close != std::string::npos) {
-        fresh[line.substr(1, close - 1)] = std::stoi(line.substr(line.rfind(':') + 1));
-      }
-    }
+    fresh = newDecodeAgentPorts(op, 2);
   }
   for (auto& client : clients) client.join();
   ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
@@ -1475,12 +1488,7 @@ TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
   const std::vector<testing::StreamedCompletion> undisturbed = colocatedSmallStreams(bodies);
   std::vector<testing::StreamedCompletion> streams;
   std::vector<std::thread> clients = testing::streamConcurrently(port, bodies, streams);
-  const bool busy = eventually(
-      [&] {
-        return agentMetric(ports["decode-0"], "tandem_num_requests_running") >= 2 &&
-               agentMetric(ports["decode-1"], "tandem_num_requests_running") >= 2;
-      },
-      seconds(30));
+  const bool busy = decodeAgentsRunTwoStreamsEach(ports);
   std::map<std::string, int> fresh;  // the replacements' ports
   std::vector<pid_t> drained;
   bool drained_ran_beside = false;  // a drained agent still ran when both replacements were up
@@ -1491,14 +1499,7 @@ TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
         drained.push_back(pid);
       }
     }
-    while (fresh.size() < 2) {
-      const std::string line = op.waitForLine("[decode-", seconds(60));
-      if (line.empty()) break;
-      const size_t close = line.find("] listening on ");
-      if (close != std::string::npos) {
-        fresh[line.substr(1, close - 1)] = std::stoi(line.substr(line.rfind(':') + 1));
-      }
-    }
+    fresh = newDecodeAgentPorts(op, 2);
     drained_ran_beside = std::any_of(drained.begin(), drained.end(), processExists);
   }
   for (auto& client : clients) client.join();
