@@ -38,17 +38,24 @@ class EventRecorder {
 
   void record(const Owner& owner, const std::string& type, const std::string& reason,
               const std::string& message);
+  // Records the Event once per owner, reason and message: under a name
+  // those determine, so that a restarted controller (or the next leader),
+  // which remembers nothing, finds it there and writes nothing again.
   void recordOnce(const Owner& owner, const std::string& type, const std::string& reason,
                   const std::string& message);
   // Forgets what recordOnce wrote for the owner with `reason` (the condition
-  // it warned of is over), so a recurrence is warned again.
+  // it warned of is over), so a recurrence is warned again (as a new Event).
   void forget(const Owner& owner, const std::string& reason);
 
  private:
+  void create(const Owner& owner, const std::string& type, const std::string& reason,
+              const std::string& message, const std::string& name, bool quiet_if_exists);
+
   ApiWriter& writer_;
   std::string instance_;
   std::mutex mutex_;
   std::set<std::tuple<std::string, std::string, std::string>> recorded_;
+  std::set<std::pair<std::string, std::string>> forgotten_;  // (uid, reason) forget() ended
 };
 
 }  // namespace tandem::controller

@@ -107,6 +107,27 @@ Reconciler::ChildOutcome Reconciler::removeChild(const k8s::ResourceType& type,
   return outcome;
 }
 
+Reconciler::ChildOutcome Reconciler::foreignChild(const k8s::ResourceType& type, const Owner& owner,
+                                                  const std::string& name) {
+  ChildOutcome outcome;
+  const std::string what = type.kind + " " + name;
+  auto live = writer_.client().get(type, owner.ns, name);
+  if (!live.isOk()) {
+    if (!live.error().isNotFound()) {
+      outcome.state = ChildOutcome::State::kFailed;
+      outcome.error = live.error();
+      outcome.problem = "reading " + what + ": " + live.error().toString();
+    }
+    return outcome;
+  }
+  if (!isControlledBy(*live, owner.uid)) {
+    outcome.state = ChildOutcome::State::kConflict;
+    outcome.problem = what + " exists and is not controlled by " + describe(owner) +
+                      ": rename the pool or delete that " + type.kind;
+  }
+  return outcome;
+}
+
 Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, const Owner& owner,
                                                const json& desired) {
   ChildOutcome outcome;
@@ -433,6 +454,28 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   }
   observation.selector = selectorString(match_labels);
 
+  // Someone else's object of one of the owner's children's names: none of
+  // them is written while it stands (the Deployment beside a foreign
+  // Service, or the Service and budget beside a foreign Deployment, was a
+  // half-applied pool that Progressing called Blocked).
+  if (!desired_deployment.is_null()) {
+    const std::pair<const k8s::ResourceType*, const json*> children[] = {
+        {&k8s::resources::kDeployments, &desired_deployment},
+        {&k8s::resources::kServices, &desired_service},
+        {&k8s::resources::kPodDisruptionBudgets, &desired_budget}};
+    for (const auto& [type, desired] : children) {
+      if (desired->is_null()) continue;
+      const ChildOutcome foreign =
+          foreignChild(*type, owner, desired->at("metadata").at("name").get<std::string>());
+      if (foreign.state == ChildOutcome::State::kConflict) {
+        requeue_after = kNameConflictRecheck;
+        fail("NameConflict", foreign.problem);
+        events_.recordOnce(owner, kWarning, "NameConflict", foreign.problem);
+        desired_deployment = nullptr;
+        break;
+      }
+    }
+  }
   if (!desired_deployment.is_null()) {
     const ChildOutcome deployment =
         syncChild(k8s::resources::kDeployments, owner, desired_deployment);

@@ -78,6 +78,10 @@ class Reconciler {
   ChildOutcome syncChild(const k8s::ResourceType& type, const Owner& owner,
                          const nlohmann::json& desired);
   ChildOutcome removeChild(const k8s::ResourceType& type, const Owner& owner);
+  // kConflict when an object of `type` named `name` exists and another
+  // owns it; kFailed when it cannot be read; else kInSync (nothing written).
+  ChildOutcome foreignChild(const k8s::ResourceType& type, const Owner& owner,
+                            const std::string& name);
   std::vector<nlohmann::json> pods(const std::string& ns, const nlohmann::json& match_labels);
   std::vector<std::string> poolNames(const std::string& ns, OwnerKind kind);
   static std::vector<std::string> sharedNames(const std::vector<std::string>& a,

@@ -238,6 +238,39 @@ TEST_F(ControllerTest, ForeignDeploymentOfTheSameNameIsLeftAlone) {
   EXPECT_NE(degraded["message"].get<std::string>().find("Deployment decode"), std::string::npos);
   ASSERT_EQ(eventsWithReason("NameConflict").size(), 1u);
   EXPECT_EQ(eventsWithReason("NameConflict")[0]["type"], "Warning");
+  // Nothing of the pool is written beside it: no Service, no budget.
+  EXPECT_FALSE(get("v1", "Service", "decode").has_value());
+  EXPECT_FALSE(get("policy/v1", "PodDisruptionBudget", "decode").has_value());
+}
+
+// A foreign Service of the pool's name blocks the pool as a foreign
+// Deployment does: no Deployment and no budget are written beside it (they
+// were, and Progressing said Blocked while a Deployment of 4 replicas ran),
+// and once the Service goes the pool is applied.
+TEST_F(ControllerTest, AForeignServiceOfThePoolsNameBlocksThePoolWhole) {
+  server_.put({{"apiVersion", "v1"},
+               {"kind", "Service"},
+               {"metadata", {{"name", "decode"}, {"namespace", kNamespace}}},
+               {"spec", {{"ports", json::array({{{"name", "web"}, {"port", 80}}})}}}});
+  server_.put(decodePool(4));
+  Controller controller(*client_, options());
+  const auto result = controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode");
+  ASSERT_TRUE(result.isOk());
+  EXPECT_EQ(result->requeue_after, std::chrono::seconds(30));
+  EXPECT_FALSE(deployment("decode").has_value());
+  EXPECT_FALSE(get("policy/v1", "PodDisruptionBudget", "decode").has_value());
+  const json pool = *get("tandem.dev/v1alpha1", "DecodePool", "decode");
+  const json degraded = findCondition(pool["status"], "Degraded");
+  EXPECT_EQ(degraded["reason"], "NameConflict");
+  EXPECT_NE(degraded["message"].get<std::string>().find("Service decode exists"),
+            std::string::npos);
+  EXPECT_EQ(findCondition(pool["status"], "Progressing")["reason"], "Blocked");
+
+  server_.remove("v1", "Service", kNamespace, "decode");
+  ASSERT_TRUE(controller.reconcileNow(OwnerKind::kDecodePool, kNamespace, "decode").isOk());
+  EXPECT_TRUE(deployment("decode").has_value());
+  EXPECT_TRUE(get("v1", "Service", "decode").has_value());
+  EXPECT_TRUE(get("policy/v1", "PodDisruptionBudget", "decode").has_value());
 }
 
 // Once per pool, not per reconcile, and not per generation either: an
@@ -254,6 +287,14 @@ TEST_F(ControllerTest, InsecureKvTransferIsWarnedOncePerPool) {
   server_.put(scaled);
   ASSERT_EQ((*get("tandem.dev/v1alpha1", "PrefillPool", "prefill"))["metadata"]["generation"], 2);
   ASSERT_TRUE(controller.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  EXPECT_EQ(eventsWithReason("InsecureKvTransfer").size(), 1u);
+  // A restarted controller (or the next leader) remembers nothing: it finds
+  // the Event under the name its pool, reason and message give it, and
+  // writes none again (each restart added one).
+  for (int restart = 0; restart < 2; ++restart) {
+    Controller restarted(*client_, options());
+    ASSERT_TRUE(restarted.reconcileNow(OwnerKind::kPrefillPool, kNamespace, "prefill").isOk());
+  }
   EXPECT_EQ(eventsWithReason("InsecureKvTransfer").size(), 1u);
   const json args = (*deployment("prefill"))["spec"]["template"]["spec"]["containers"][0]["args"];
   EXPECT_NE(std::find(args.begin(), args.end(), "--insecure-kv"), args.end());
