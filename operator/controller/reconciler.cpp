@@ -124,36 +124,24 @@ Reconciler::ChildOutcome Reconciler::foreignChild(const k8s::ResourceType& type,
     outcome.state = ChildOutcome::State::kConflict;
     outcome.problem = what + " exists and is not controlled by " + describe(owner) +
                       ": rename the pool or delete that " + type.kind;
+    return outcome;
   }
+  outcome.live = std::move(*live);
   return outcome;
 }
 
 Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, const Owner& owner,
                                                const json& desired) {
-  ChildOutcome outcome;
   const std::string name = desired["metadata"]["name"];
   const std::string what = type.kind + " " + name;
-  auto live = writer_.client().get(type, owner.ns, name);
-  if (!live.isOk() && !live.error().isNotFound()) {
-    outcome.state = ChildOutcome::State::kFailed;
-    outcome.error = live.error();
-    outcome.problem = "reading " + what + ": " + live.error().toString();
-    return outcome;
-  }
-  const bool exists = live.isOk();
+  ChildOutcome outcome = foreignChild(type, owner, name);
+  if (outcome.state != ChildOutcome::State::kInSync) return outcome;
+  const bool exists = outcome.live.has_value();
   if (exists) {
-    if (!isControlledBy(*live, owner.uid)) {
-      outcome.state = ChildOutcome::State::kConflict;
-      outcome.problem = what + " exists and is not controlled by " + describe(owner) +
-                        ": rename the pool or delete that " + type.kind;
-      return outcome;
-    }
-    if (isSubset(desired, *live)) {
-      outcome.live = std::move(*live);
-      return outcome;
-    }
+    if (isSubset(desired, *outcome.live)) return outcome;
     TANDEM_LOG(kInfo) << "controller: " << describe(owner) << ": " << what << " differs at "
-                      << firstDifference(desired, *live) << ": applying";
+                      << firstDifference(desired, *outcome.live) << ": applying";
+    outcome.live.reset();
   }
   // Server-side apply for creation too: the fields are then owned by the
   // apply manager from the start, so a field later dropped from the desired

@@ -79,7 +79,8 @@ class Reconciler {
                          const nlohmann::json& desired);
   ChildOutcome removeChild(const k8s::ResourceType& type, const Owner& owner);
   // kConflict when an object of `type` named `name` exists and another
-  // owns it; kFailed when it cannot be read; else kInSync (nothing written).
+  // owns it; kFailed when it cannot be read; else kInSync, with `live` the
+  // owner's object when there is one. Writes nothing.
   ChildOutcome foreignChild(const k8s::ResourceType& type, const Owner& owner,
                             const std::string& name);
   std::vector<nlohmann::json> pods(const std::string& ns, const nlohmann::json& match_labels);
