@@ -466,9 +466,12 @@ void AgentSupervisor::poll() {
   // own) is replaced at once, as a Deployment replaces a terminating pod:
   // it retires, unlisted, while its replacement starts, so that the streams
   // it hands over have an agent to resume on before it exits.
+  // (Not while its pool's model is fetched again: started then, the
+  // replacement could read half of one commit; it comes once the drained
+  // agent has exited and the fetch is done, as a crashed one's does.)
   for (Agent* agent : drained_from_outside) {
     const Pool* pool = findPool(agent->pool);
-    if (pool == nullptr || stopping_all_) continue;
+    if (pool == nullptr || stopping_all_ || held_pools_.count(agent->pool) != 0) continue;
     TANDEM_LOG(kInfo) << "local: " << agent->name << " (pid " << agent->process->pid()
                       << ") is draining, not asked to by local mode: it retires while its "
                       << "replacement starts";
