@@ -131,10 +131,10 @@ Reconciler::ChildOutcome Reconciler::foreignChild(const k8s::ResourceType& type,
 }
 
 Reconciler::ChildOutcome Reconciler::syncChild(const k8s::ResourceType& type, const Owner& owner,
-                                               const json& desired) {
+                                               const json& desired, ChildOutcome read) {
   const std::string name = desired["metadata"]["name"];
   const std::string what = type.kind + " " + name;
-  ChildOutcome outcome = foreignChild(type, owner, name);
+  ChildOutcome outcome = std::move(read);
   if (outcome.state != ChildOutcome::State::kInSync) return outcome;
   const bool exists = outcome.live.has_value();
   if (exists) {
@@ -442,55 +442,55 @@ k8s::Result<k8s::Done> Reconciler::reconcile(OwnerKind kind, const std::string& 
   }
   observation.selector = selectorString(match_labels);
 
-  // Someone else's object of one of the owner's children's names: none of
-  // them is written while it stands (the Deployment beside a foreign
-  // Service, or the Service and budget beside a foreign Deployment, was a
-  // half-applied pool that Progressing called Blocked).
   if (!desired_deployment.is_null()) {
-    const std::pair<const k8s::ResourceType*, const json*> children[] = {
-        {&k8s::resources::kDeployments, &desired_deployment},
-        {&k8s::resources::kServices, &desired_service},
-        {&k8s::resources::kPodDisruptionBudgets, &desired_budget}};
-    for (const auto& [type, desired] : children) {
-      if (desired->is_null()) continue;
-      const ChildOutcome foreign =
-          foreignChild(*type, owner, desired->at("metadata").at("name").get<std::string>());
-      if (foreign.state == ChildOutcome::State::kConflict) {
-        requeue_after = kNameConflictRecheck;
-        fail("NameConflict", foreign.problem);
-        events_.recordOnce(owner, kWarning, "NameConflict", foreign.problem);
-        desired_deployment = nullptr;
+    // Each child read once. Someone else's object of one of their names:
+    // none of them is written while it stands (the Deployment beside a
+    // foreign Service, or the Service and budget beside a foreign
+    // Deployment, was a half-applied pool that Progressing called Blocked).
+    const auto nameOf = [](const json& desired) {
+      return desired.at("metadata").at("name").get<std::string>();
+    };
+    ChildOutcome deployment =
+        foreignChild(k8s::resources::kDeployments, owner, nameOf(desired_deployment));
+    ChildOutcome service = foreignChild(k8s::resources::kServices, owner, nameOf(desired_service));
+    ChildOutcome budget =
+        desired_budget.is_null()
+            ? ChildOutcome{}
+            : foreignChild(k8s::resources::kPodDisruptionBudgets, owner, nameOf(desired_budget));
+    const ChildOutcome* conflict = nullptr;
+    for (const ChildOutcome* child : {&deployment, &service, &budget}) {
+      if (child->state == ChildOutcome::State::kConflict) {
+        conflict = child;
         break;
       }
     }
-  }
-  if (!desired_deployment.is_null()) {
-    const ChildOutcome deployment =
-        syncChild(k8s::resources::kDeployments, owner, desired_deployment);
-    const ChildOutcome service = syncChild(k8s::resources::kServices, owner, desired_service);
-    ChildOutcome budget;
-    if (!desired_budget.is_null()) {
-      budget = syncChild(k8s::resources::kPodDisruptionBudgets, owner, desired_budget);
+    if (conflict != nullptr) {
+      // The other object is not one the controller watches (not labelled
+      // as its own): nothing will say when it goes, so look again.
+      requeue_after = kNameConflictRecheck;
+      fail("NameConflict", conflict->problem);
+      events_.recordOnce(owner, kWarning, "NameConflict", conflict->problem);
+      // The status still tells how the pool's own Deployment is doing.
+      observation.deployment = std::move(deployment.live);
     } else {
-      budget = removeChild(k8s::resources::kPodDisruptionBudgets, owner);
-    }
-    for (const ChildOutcome* child :
-         {&deployment, &service, static_cast<const ChildOutcome*>(&budget)}) {
-      if (child->state == ChildOutcome::State::kConflict) {
-        // The other object is not one the controller watches (not labelled
-        // as its own): nothing will say when it goes, so look again.
-        requeue_after = kNameConflictRecheck;
-        fail("NameConflict", child->problem);
-        events_.recordOnce(owner, kWarning, "NameConflict", child->problem);
-      } else if (child->state == ChildOutcome::State::kFailed) {
-        if (!child->problem.empty()) fail("ApplyFailed", child->problem);
-        if (!error) error = child->error;
+      deployment =
+          syncChild(k8s::resources::kDeployments, owner, desired_deployment, std::move(deployment));
+      service = syncChild(k8s::resources::kServices, owner, desired_service, std::move(service));
+      budget = desired_budget.is_null() ? removeChild(k8s::resources::kPodDisruptionBudgets, owner)
+                                        : syncChild(k8s::resources::kPodDisruptionBudgets, owner,
+                                                    desired_budget, std::move(budget));
+      for (const ChildOutcome* child : {&deployment, &service, &budget}) {
+        if (child->state == ChildOutcome::State::kFailed) {
+          if (!child->problem.empty()) fail("ApplyFailed", child->problem);
+          if (!error) error = child->error;
+        }
       }
+      if (deployment.state == ChildOutcome::State::kInSync)
+        observation.deployment = deployment.live;
+      observation.spec_applied = deployment.state == ChildOutcome::State::kInSync &&
+                                 service.state == ChildOutcome::State::kInSync &&
+                                 budget.state == ChildOutcome::State::kInSync;
     }
-    if (deployment.state == ChildOutcome::State::kInSync) observation.deployment = deployment.live;
-    observation.spec_applied = deployment.state == ChildOutcome::State::kInSync &&
-                               service.state == ChildOutcome::State::kInSync &&
-                               budget.state == ChildOutcome::State::kInSync;
   } else {
     // The spec cannot be applied; the status still tells how the Deployment
     // of the last good spec is doing.

@@ -75,8 +75,10 @@ class Reconciler {
 
  private:
   struct ChildOutcome;
+  // Writes `desired` where it differs from the child as `read`
+  // (foreignChild's outcome for its name) found it.
   ChildOutcome syncChild(const k8s::ResourceType& type, const Owner& owner,
-                         const nlohmann::json& desired);
+                         const nlohmann::json& desired, ChildOutcome read);
   ChildOutcome removeChild(const k8s::ResourceType& type, const Owner& owner);
   // kConflict when an object of `type` named `name` exists and another
   // owns it; kFailed when it cannot be read; else kInSync, with `live` the
