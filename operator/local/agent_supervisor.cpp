@@ -475,10 +475,7 @@ void AgentSupervisor::poll() {
     TANDEM_LOG(kInfo) << "local: " << agent->name << " (pid " << agent->process->pid()
                       << ") is draining, not asked to by local mode: it retires while its "
                       << "replacement starts";
-    agent->removed = true;
-    agent->retiring = true;
-    sendStop(*agent);
-    want(*pool, agent->index, agent->surge);
+    retire(*agent, *pool);
   }
   if (!drained_from_outside.empty()) sortAgents();
   for (Pool& pool : pools_) rollOut(pool);
@@ -575,14 +572,18 @@ void AgentSupervisor::rollOut(Pool& pool) {
     TANDEM_LOG(kInfo) << "local: replacing " << agent->name << " (its pool's spec changed; "
                       << num_available << " of the pool's agents available): it drains while "
                       << "its replacement starts";
-    agent->removed = true;
-    agent->retiring = true;
-    sendStop(*agent);
-    want(pool, agent->index, agent->surge);  // an extra agent's replacement is one too
+    retire(*agent, pool);
     started = true;
     --num_available;
   }
   if (started) sortAgents();
+}
+
+void AgentSupervisor::retire(Agent& agent, const Pool& pool) {
+  agent.removed = true;
+  agent.retiring = true;
+  sendStop(agent);
+  want(pool, agent.index, agent.surge);  // an extra agent's replacement is one too
 }
 
 void AgentSupervisor::startFromBackoff(Agent& agent) {

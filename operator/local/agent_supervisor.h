@@ -137,6 +137,10 @@ class AgentSupervisor {
   void rollOut(Pool& pool);
   // Starts an agent waiting in its backoff, counting a crash's restart (not
   // a rollout's replacement held back by a fetch).
+  // The agent drains, unlisted, while a replacement of its name and kind
+  // (a surge agent's is one too) starts at once: a rollout's step, or a
+  // drain someone else began. The caller sorts the agents.
+  void retire(Agent& agent, const Pool& pool);
   void startFromBackoff(Agent& agent);
   void forwardOutput(Agent& agent, std::chrono::milliseconds wait);
   void emitLine(Agent& agent, const std::string& line);
