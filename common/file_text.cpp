@@ -26,7 +26,7 @@ std::optional<std::string> readFileText(const std::filesystem::path& path) {
   return text.str();
 }
 
-std::optional<std::string> readModelFile(const std::filesystem::path& path, uint64_t max_bytes) {
+std::optional<RegularFile> RegularFile::open(const std::filesystem::path& path) {
   const std::string name = path.string();
   // Non-blocking: opening a FIFO would wait for a writer.
   const int fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -34,16 +34,26 @@ std::optional<std::string> readModelFile(const std::filesystem::path& path, uint
     if (errno == ENOENT) return std::nullopt;
     throw Error(name + ": cannot open: " + std::strerror(errno));
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  RegularFile file(fd, 0);
   struct stat info {};
   if (::fstat(fd, &info) != 0) throw Error(name + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(info.st_mode)) {
     throw Error(name + ": not a regular file (accepted: a file, or a link to one)");
   }
-  const auto size = static_cast<uint64_t>(info.st_size);
+  file.size_ = static_cast<uint64_t>(info.st_size);
+  return file;
+}
+
+RegularFile::~RegularFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<std::string> readModelFile(const std::filesystem::path& path, uint64_t max_bytes) {
+  const std::string name = path.string();
+  const std::optional<RegularFile> file = RegularFile::open(path);
+  if (!file) return std::nullopt;
+  const int fd = file->fd();
+  const uint64_t size = file->size();
   if (size > max_bytes) {
     throw Error(name + ": " + std::to_string(size) + " bytes, more than the " +
                 std::to_string(max_bytes) + " this file may have");

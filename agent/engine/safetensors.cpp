@@ -1,8 +1,6 @@
 #include "agent/engine/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -14,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/file_text.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 
@@ -70,28 +69,22 @@ std::string shapeText(const std::vector<int64_t>& shape) {
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
-  // Non-blocking: a FIFO in a file's place is refused below, not waited on.
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(file + ": cannot open: " + std::strerror(errno));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw Error(file + ": cannot stat: " + std::strerror(error));
+  void* mapping = MAP_FAILED;
+  uint64_t file_size = 0;
+  int map_error = 0;
+  {
+    // A FIFO or a device in the file's place is refused, not waited on.
+    const std::optional<RegularFile> opened = RegularFile::open(path);
+    if (!opened) throw Error(file + ": cannot open: " + std::strerror(ENOENT));
+    file_size = opened->size();
+    if (file_size < kHeaderLengthBytes) {
+      throw Error(file + ": truncated: file size " + std::to_string(file_size) +
+                  " is less than the 8-byte header length");
+    }
+    mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, opened->fd(), 0);
+    map_error = errno;
+    // Closed here: the mapping keeps the file alive.
   }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw Error(file + ": not a regular file");
-  }
-  const auto file_size = static_cast<uint64_t>(info.st_size);
-  if (file_size < kHeaderLengthBytes) {
-    ::close(fd);
-    throw Error(file + ": truncated: file size " + std::to_string(file_size) +
-                " is less than the 8-byte header length");
-  }
-  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_error = errno;
-  ::close(fd);  // the mapping keeps the file alive
   if (mapping == MAP_FAILED) throw Error(file + ": cannot mmap: " + std::strerror(map_error));
   mapping_ = mapping;
   mapping_size_ = file_size;
