@@ -690,7 +690,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     Handoff handoff;
     if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, lent,
-                                   std::move(prefill_reservation), hashes);
+                                   std::move(prefill_reservation), hashes, *client.stop);
       if (handoff.params.is_null()) {
         co_await releaseLend();  // no prefill agent read it
       } else {
@@ -941,12 +941,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
 }
 
 // Prefills on the chosen prefill agent (others on failure), reading `lent`
-// (a lender's kv_transfer_params; null: none) first when given.
+// (a lender's kv_transfer_params; null: none) first when given, until one
+// answers, the client leaves or `stop` fires (cutAll: its call is closed).
 awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     HttpExchange& exchange, const Body& body, const protocol::Request& request,
     const std::vector<AgentPtr>& prefill_agents, const DecisionInput& input,
     const Decision& decision, const json& lent, LoadLedger::Reservation reservation,
-    std::span<const BlockHash> hashes) {
+    std::span<const BlockHash> hashes, StopCut& stop) {
   Handoff handoff;
   const Policy policy = chooser_.options().policy;
   const bool expects_blocks = policy == Policy::kKv || policy == Policy::kSglang;
@@ -956,15 +957,19 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
   }
   const std::string prefill_body = prefillBody(body, lent);
   const std::string target = targetOf(body);
-  for (size_t attempt = 0; attempt < order.size() && !exchange.clientGone(); ++attempt) {
+  for (size_t attempt = 0; attempt < order.size() && !exchange.clientGone() && !stop.fired;
+       ++attempt) {
     const AgentPtr& prefill = prefill_agents[order[attempt]];
     if (attempt > 0) {
       reservation = ledger_.reserve(prefill, prefillCounts(input, input.prefill[order[attempt]]));
       // The prompt's blocks are now expected where they are computed.
       if (expects_blocks) agents_.expectBlocks(prefill->endpoint.name, hashes, kExpectedBlocksTtl);
     }
+    // The router's stop deadline (cutAll) closes the call: the agent
+    // aborts the prefill and frees its blocks.
     UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
-                                               prefill_body, upstream_timeout_s_, &exchange);
+                                               prefill_body, upstream_timeout_s_, &exchange,
+                                               OnClientLeaving::kFinish, &stop.close_upstream);
     reservation.release();  // answered (or failed): its prefill is no longer queued there
     if (result.status >= 400 && !agentFailed(result.status)) {
       handoff.client_error = true;
@@ -985,7 +990,8 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
     // The blocks it was expected to compute are not there: no later request
     // may be sent to it for them.
     if (expects_blocks) agents_.unexpectBlocks(prefill->endpoint.name, hashes);
-    if (exchange.clientGone()) break;  // the call was cut short: not the agent's fault
+    // The call was cut short: not the agent's fault.
+    if (exchange.clientGone() || stop.fired) break;
     metrics_.countUpstreamError(prefill->endpoint.name);
     TANDEM_LOG(kWarn) << "router: prefill on " << prefill->endpoint.name << " failed ("
                       << (result.status == 0 ? result.error : std::to_string(result.status)) << ")";

@@ -102,12 +102,13 @@ class CompletionFlow {
     kStopped,            // cut at the router's stop deadline (cutAll)
   };
 
+  struct StopCut;
   boost::asio::awaitable<Admission> admit(server::HttpExchange& exchange);
   boost::asio::awaitable<Handoff> prefillOn(
       server::HttpExchange& exchange, const nlohmann::ordered_json& body,
       const protocol::Request& request, const std::vector<AgentPtr>& prefill_agents,
       const DecisionInput& input, const Decision& decision, const nlohmann::json& lent,
-      LoadLedger::Reservation reservation, std::span<const BlockHash> hashes);
+      LoadLedger::Reservation reservation, std::span<const BlockHash> hashes, StopCut& stop);
   boost::asio::awaitable<void> release(const Handoff& handoff);
   // Asks `lender` to hold the prompt's cached prefix for another agent to
   // read (a lend): its kv_transfer_params (null when nothing was pinned) and
@@ -124,7 +125,7 @@ class CompletionFlow {
   // A request's part in cutAll(): touched on its connection's strand only.
   struct StopCut {
     bool fired = false;
-    std::function<void()> close_upstream;  // set while a decode agent answers
+    std::function<void()> close_upstream;  // set while a prefill or decode agent answers
   };
   class StopCutEnrollment;
   // The client's side of one answer across decode agents.

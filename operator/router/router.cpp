@@ -217,7 +217,7 @@ class Router::Impl {
     if (active_.load() > 0) {
       // Ended with a word rather than a closed socket: a stream gets an
       // error event and [DONE], a whole answer a 503. What cannot be
-      // reached meanwhile (a prefill under way) is closed with the rest.
+      // reached meanwhile (a hold under way) is closed with the rest.
       const size_t cut = flow_.cutAll();
       TANDEM_LOG(kWarn) << "router: " << cut
                         << " requests still in flight at the stop deadline: ending them";

@@ -41,7 +41,8 @@ void closeAfterAgent(beast::tcp_stream&& stream) {
 
 awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std::string target,
                                     std::string body, double timeout_s,
-                                    server::HttpExchange* client, OnClientLeaving leaving) {
+                                    server::HttpExchange* client, OnClientLeaving leaving,
+                                    std::function<void()>* cutter) {
   UpstreamResult result;
   if (client != nullptr && client->clientGone()) {
     result.error = "the client left";
@@ -53,6 +54,13 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
     if (client != nullptr && leaving == OnClientLeaving::kCut) {
       cut.emplace(*client, [&stream] { stream.close(); });
     }
+    struct Cutter {
+      std::function<void()>* hook;
+      ~Cutter() {
+        if (hook != nullptr) *hook = nullptr;
+      }
+    } cutter_set{cutter};
+    if (cutter != nullptr) *cutter = [&stream] { stream.close(); };
     tcp::resolver resolver(co_await asio::this_coro::executor);
     stream.expires_after(
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));

@@ -15,6 +15,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -78,10 +79,15 @@ enum class OnClientLeaving {
 void closeAfterAgent(boost::beast::tcp_stream&& stream);
 
 // An HTTP call to an agent; not sent when `client` has already left. Runs
-// on `client`'s strand when one is given.
-boost::asio::awaitable<UpstreamResult> callAgent(
-    AgentEndpoint endpoint, boost::beast::http::verb verb, std::string target, std::string body,
-    double timeout_s, server::HttpExchange* client = nullptr,
-    OnClientLeaving leaving = OnClientLeaving::kFinish);
+// on `client`'s strand when one is given. While it is in flight, `cutter`
+// (when given) holds what closes its connection (the call then ends as
+// failed, status 0); it is emptied when the call returns. Call it on the
+// same strand.
+boost::asio::awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint,
+                                                 boost::beast::http::verb verb, std::string target,
+                                                 std::string body, double timeout_s,
+                                                 server::HttpExchange* client = nullptr,
+                                                 OnClientLeaving leaving = OnClientLeaving::kFinish,
+                                                 std::function<void()>* cutter = nullptr);
 
 }  // namespace tandem::router

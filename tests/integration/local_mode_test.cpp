@@ -1491,7 +1491,6 @@ TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
   const bool busy = decodeAgentsRunTwoStreamsEach(ports);
   std::map<std::string, int> fresh;  // the replacements' ports
   std::vector<pid_t> drained;
-  bool drained_ran_beside = false;  // a drained agent still ran when both replacements were up
   if (busy) {
     for (const pid_t pid : childPids(op.pid())) {
       if (commandLine(pid).find("--role decode") != std::string::npos) {
@@ -1500,16 +1499,15 @@ TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
       }
     }
     fresh = newDecodeAgentPorts(op, 2);
-    drained_ran_beside = std::any_of(drained.begin(), drained.end(), processExists);
   }
   for (auto& client : clients) client.join();
   ASSERT_TRUE(busy) << "the decode agents never ran two streams each";
   ASSERT_EQ(drained.size(), 2u);
   ASSERT_EQ(fresh.size(), 2u) << op.stderrText();
-  // One may exit before local mode's probe sees it draining (its holds
-  // released when the other, draining too, refused their readers); the
-  // log line below shows the other replaced while it drained.
-  (void)drained_ran_beside;
+  // Not each drained agent is seen draining: the signals reach the two one
+  // after the other, and the second may still take the streams the first
+  // handed over (reading its KV at once, which lets the first exit before
+  // local mode's probe). The log line shows one replaced while it drained.
   expectUndisturbed(streams, undisturbed, kTokens);
   const std::string log = op.stderrText();
   EXPECT_NE(log.find("is draining, not asked to by local mode: it retires while its replacement "

@@ -2029,7 +2029,15 @@ TEST_F(RouterTest, AClientLeavingMidStreamFreesTheDecodeAgentsBlocks) {
 // whole answer with a 503 naming the stop; the decode agent sees their
 // connections close and frees their blocks.
 TEST_F(RouterTest, RequestsInFlightAtTheStopDeadlineEndWithAnError) {
-  start(1, 1, Policy::kKv, 16, 256, 1024, smallModelDir());
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  // A long prompt's prefill takes steps: it is seen running, and still runs
+  // at the deadline.
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{"--max-num-batched-tokens", "16"}
+                   : std::vector<std::string>{};
+  };
+  startCluster(options);
   json body = greedy(randomPrompt(30, 74), 2000);
   body["ignore_eos"] = true;
   std::string streamed;
@@ -2052,9 +2060,31 @@ TEST_F(RouterTest, RequestsInFlightAtTheStopDeadlineEndWithAnError) {
     whole_body = res->body;
   });
   ASSERT_TRUE(decodeAgentsRun(2));
+  int prefilling_status = 0;
+  std::string prefilling_body;
+  std::thread prefilling_client([&] {
+    httplib::Client client("127.0.0.1", router_->port());
+    client.set_read_timeout(60, 0);
+    auto res = client.Post("/v1/completions", greedy(randomPrompt(1500, 75), 8).dump(),
+                           "application/json");
+    if (!res) return;
+    prefilling_status = res->status;
+    prefilling_body = res->body;
+  });
+  const bool prefilling =
+      eventually([&] { return prefill_[0]->metric("tandem_num_requests_running") >= 1; });
   router_->stop(/*grace_seconds=*/0.2);
   stream_client.join();
   whole_client.join();
+  prefilling_client.join();
+  ASSERT_TRUE(prefilling) << "the long prompt's prefill was never seen running";
+  // The request still in prefill is told too; the prefill agent aborts it.
+  EXPECT_EQ(prefilling_status, 503) << prefilling_body;
+  EXPECT_NE(prefilling_body.find("the router is stopping"), std::string::npos) << prefilling_body;
+  EXPECT_TRUE(eventually([&] {
+    return prefill_[0]->metric("tandem_requests_total", "finish_reason=\"abort\"") == 1 &&
+           prefill_[0]->metric("tandem_kv_cache_usage_ratio") == 0;
+  }));
   EXPECT_TRUE(streamed.starts_with("data: {")) << streamed.substr(0, 200);
   EXPECT_NE(streamed.find("\"error\""), std::string::npos) << streamed.substr(0, 200);
   EXPECT_NE(streamed.find("the router is stopping"), std::string::npos);
