@@ -1,14 +1,12 @@
 #include "common/tokenizer.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 
+#include "common/file_text.h"
 #include "common/json_parse.h"
 #include "common/status.h"
 #include "common/tokenizer_added.h"
@@ -29,24 +27,21 @@ using tokenizer_internal::StringIdTable;
 
 namespace {
 
-std::string readFile(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw Error(path.string() + ": file not found (or not a regular file)");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path.string() + ": cannot open: " + std::strerror(errno));
-  std::string content;
-  in.seekg(0, std::ios::end);
-  content.resize(static_cast<size_t>(in.tellg()));
-  in.seekg(0, std::ios::beg);
-  in.read(content.data(), static_cast<std::streamsize>(content.size()));
-  if (!in) throw Error(path.string() + ": read failed");
-  return content;
+// The largest tokenizer.json read: the largest real ones (vocabularies of
+// 256k entries and their merges) are some 35 MB.
+constexpr uint64_t kMaxTokenizerJsonBytes = 256ull << 20;
+
+// A tokenizer's file read whole; a FIFO, device or directory in its place,
+// or a file over `max_bytes`, is refused naming it (common/file_text.h).
+std::string readFile(const std::filesystem::path& path, uint64_t max_bytes = kMaxModelJsonBytes) {
+  std::optional<std::string> text = readModelFile(path, max_bytes);
+  if (!text) throw Error(path.string() + ": file not found");
+  return std::move(*text);
 }
 
-nlohmann::json parseJsonFile(const std::filesystem::path& path) {
-  const std::string text = readFile(path);
+nlohmann::json parseJsonFile(const std::filesystem::path& path,
+                             uint64_t max_bytes = kMaxModelJsonBytes) {
+  const std::string text = readFile(path, max_bytes);
   JsonParseError error;
   std::optional<nlohmann::json> root = parseJson(text, error);
   if (!root) throw Error(path.string() + ": invalid JSON: " + error.detail);
@@ -426,7 +421,7 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::fromFile(const std::filesystem::path& tokenizer_json) {
-  const nlohmann::json root = parseJsonFile(tokenizer_json);
+  const nlohmann::json root = parseJsonFile(tokenizer_json, kMaxTokenizerJsonBytes);
   try {
     return std::unique_ptr<Tokenizer>(
         new Tokenizer(std::make_unique<Impl>(root, tokenizer_json.string())));

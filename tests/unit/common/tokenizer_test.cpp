@@ -1,6 +1,7 @@
 #include "common/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -650,6 +651,40 @@ TEST(TokenizerLoadErrorTest, MissingDirectoryFile) {
     EXPECT_NE(std::string(e.what()).find("tokenizer.json: file not found"), std::string::npos)
         << e.what();
   }
+}
+
+// A tokenizer file past its bound (a sparse 300 MiB tokenizer.json, a
+// 65 MiB tokenizer_config.json) is refused naming its size, before it is
+// read (before, it was read whole and parsed), and a FIFO in place of one
+// is named as such.
+TEST(TokenizerLoadErrorTest, AFileTooLargeOrNotRegularIsRefusedUnread) {
+  TempDir dir;
+  const fs::path huge = dir.path() / "tokenizer.json";
+  fs::resize_file(dir.write("tokenizer.json", ""), 300ull << 20);
+  std::string message = loadError(huge);
+  EXPECT_NE(message.find(huge.string() + ": 314572800 bytes, more than the 268435456"),
+            std::string::npos)
+      << message;
+  TempDir model;
+  model.write("tokenizer.json", smallTokenizer(false).dump());
+  fs::resize_file(model.write("tokenizer_config.json", ""), 65ull << 20);
+  auto directoryError = [&] {
+    try {
+      Tokenizer::fromDirectory(model.path());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  message = directoryError();
+  EXPECT_NE(message.find("tokenizer_config.json: 68157440 bytes, more than the 67108864"),
+            std::string::npos)
+      << message;
+  fs::remove(model.path() / "tokenizer_config.json");
+  ASSERT_EQ(::mkfifo((model.path() / "tokenizer_config.json").c_str(), 0600), 0);
+  message = directoryError();
+  EXPECT_NE(message.find("tokenizer_config.json: not a regular file"), std::string::npos)
+      << message;
 }
 
 TEST(TokenizerLoadErrorTest, BadJson) {
