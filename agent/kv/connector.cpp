@@ -49,6 +49,13 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
     }
     config.extra = root["kv_connector_extra_config"];
   }
+  // Named, never shown: the value is a credential.
+  if (auto secret = config.extra.find("secret");
+      secret != config.extra.end() &&
+      (!secret->is_string() || secret->get<std::string>().empty())) {
+    return invalidArgument("kv-transfer-config: " + field +
+                           "kv_connector_extra_config.secret must be a non-empty string");
+  }
   if (config.extra.contains("kv_load_failure_policy")) {
     const auto& policy = config.extra["kv_load_failure_policy"];
     if (policy == "recompute") {
@@ -107,6 +114,36 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
       member->load_failure_policy = config.load_failure_policy;
       member->abort_timeout_s = config.abort_timeout_s;
       config.members.push_back(std::move(*member));
+    }
+    // One KV secret for the agent, the multi connector's or a member's,
+    // given to every member: one left without it would serve its peers
+    // unauthenticated while the agent's control routes ask for signatures.
+    const nlohmann::json* secret = nullptr;
+    std::string secret_field;
+    auto take = [&](const nlohmann::json& extra, const std::string& at) -> Status {
+      auto it = extra.find("secret");
+      if (it == extra.end()) return Status::ok();
+      if (secret != nullptr && *secret != *it) {
+        return invalidArgument("kv-transfer-config: " + at + "kv_connector_extra_config.secret " +
+                               "differs from " + secret_field +
+                               ": a multi connector has one KV secret (set it once, in the multi "
+                               "connector's kv_connector_extra_config)");
+      }
+      if (secret == nullptr) {
+        secret = &*it;
+        secret_field = at + "kv_connector_extra_config.secret";
+      }
+      return Status::ok();
+    };
+    if (Status status = take(config.extra, field); !status.isOk()) return status;
+    for (size_t i = 0; i < config.members.size(); ++i) {
+      Status status = take(config.members[i].extra, connectors + "[" + std::to_string(i) + "].");
+      if (!status.isOk()) return status;
+    }
+    if (secret != nullptr) {
+      const nlohmann::json shared = *secret;
+      config.extra["secret"] = shared;
+      for (KvTransferConfig& member : config.members) member.extra["secret"] = shared;
     }
   }
   return config;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hmac.h"
 #include "common/kv_auth.h"
 #include "tests/support/router_cluster.h"
 
@@ -77,6 +78,28 @@ TEST(KvTransferAuth, HoldNeedsASignatureWhenTheAgentHasASecretAndPinsNothingWith
   lent = hold(open_lender, prompt, &status);
   ASSERT_EQ(status, 200) << lent.dump();
   EXPECT_EQ(releaseOn(open_lender, lent["kv_transfer_params"])["released"], true);
+}
+
+// A KV secret at a multi connector's top level secures its ucx member too:
+// an unsigned handshake learns nothing (403) and a signed one is answered.
+// Before, the member ran without the secret while the agent's control
+// routes asked for signatures: a handshake gave anyone the memory key.
+TEST(KvTransferAuth, AMultiConnectorsSecretSecuresItsUcxMember) {
+  const json multi = {{"kv_connector", "multi"},
+                      {"kv_role", "kv_both"},
+                      {"kv_connector_extra_config",
+                       {{"secret", "alpha"}, {"connectors", {{{"kv_connector", "ucx"}}}}}}};
+  Agent agent({"--kv-transfer-config", multi.dump()});
+  const std::string nonce = kv_auth::randomNonce();
+  int status = 0;
+  json answer = agent.post("/v1/kv_transfer/handshake", {{"nonce", nonce}}, &status);
+  EXPECT_EQ(status, 403) << answer.dump();
+  EXPECT_FALSE(answer.contains("remote_slab")) << answer.dump();
+  const json signed_handshake = {
+      {"nonce", nonce},
+      {"signature", ::tandem::hmacSha256Hex("alpha", "tandem-kv-handshake-request/1\n" + nonce)}};
+  answer = agent.post("/v1/kv_transfer/handshake", signed_handshake, &status);
+  EXPECT_EQ(status, 200) << answer.dump();
 }
 
 // A router's late ask for a stream's hand-over (POST /admin/hand_over) is

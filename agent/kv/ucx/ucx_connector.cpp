@@ -179,10 +179,6 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   const auto* allocator = dynamic_cast<const transport::UcxSlabAllocator*>(&cache.allocator());
   auto buffer_options = parseKvBufferOptions(config.extra);
   if (!buffer_options.isOk()) throw Error(buffer_options.status().message());
-  if (auto it = config.extra.find("secret");
-      it != config.extra.end() && (!it->is_string() || it->get<std::string>().empty())) {
-    throw Error("kv_connector_extra_config.secret must be a non-empty string");
-  }
   secret_ = kvSecret(config);
   if (!secret_.empty()) request_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret_);
   if (auto it = config.extra.find("remote_pull_threshold"); it != config.extra.end()) {

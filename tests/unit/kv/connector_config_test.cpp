@@ -66,6 +66,47 @@ TEST(KvTransferConfigParse, AUcxMemberNeedsTheUcxSlab) {
   EXPECT_TRUE(needsUcxSlab(*multi));
 }
 
+// A multi connector has one KV secret: given at its top level or in one
+// member, every member and the multi itself carry it (before, a secret at
+// the top level left a ucx member unauthenticated while the agent's control
+// routes asked for signatures). Two different ones, or one that is not a
+// non-empty string, are refused without showing the value.
+TEST(KvTransferConfigParse, AMultiConnectorsSecretReachesEveryMember) {
+  const json ucx = {{"kv_connector", "ucx"}};
+  const json offload = {{"kv_connector", "offload"},
+                        {"kv_connector_extra_config", {{"capacity_blocks", 8}}}};
+  for (const json& config :
+       {multiOf({offload, ucx}, {{"secret", "s3cret-value"}}),
+        multiOf({offload,
+                 {{"kv_connector", "ucx"},
+                  {"kv_connector_extra_config", {{"secret", "s3cret-value"}}}}})}) {
+    StatusOr<KvTransferConfig> multi = KvTransferConfig::parse(config.dump());
+    ASSERT_TRUE(multi.isOk()) << multi.status().message();
+    EXPECT_EQ(kvSecret(*multi), "s3cret-value") << config.dump();
+    for (const KvTransferConfig& member : multi->members) {
+      EXPECT_EQ(kvSecret(member), "s3cret-value") << member.connector << " in " << config.dump();
+    }
+  }
+  const std::string differing = parseError(multiOf(
+      {offload,
+       {{"kv_connector", "ucx"}, {"kv_connector_extra_config", {{"secret", "other-value"}}}}},
+      {{"secret", "s3cret-value"}}));
+  EXPECT_EQ(differing,
+            "kv-transfer-config: kv_connector_extra_config.connectors[1].kv_connector_extra_config."
+            "secret differs from kv_connector_extra_config.secret: a multi connector has one KV "
+            "secret (set it once, in the multi connector's kv_connector_extra_config)");
+  for (const json& secret : {json(8675309867530986), json(""), json(true)}) {
+    const std::string message = parseError(multiOf({ucx}, {{"secret", secret}}));
+    EXPECT_EQ(message,
+              "kv-transfer-config: kv_connector_extra_config.secret must be a non-empty "
+              "string");
+  }
+  EXPECT_EQ(parseError(multiOf(
+                {{{"kv_connector", "ucx"}, {"kv_connector_extra_config", {{"secret", 12}}}}})),
+            "kv-transfer-config: kv_connector_extra_config.connectors[0].kv_connector_extra_config."
+            "secret must be a non-empty string");
+}
+
 TEST(KvTransferConfigParse, ErrorsNameTheFieldAndWhatIsAccepted) {
   struct Case {
     json config;
