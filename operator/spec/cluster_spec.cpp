@@ -108,6 +108,22 @@ EngineSpec readEngine(const YAML::Node& node, const DocumentContext& context) {
   return engine;
 }
 
+// A KV secret in extraConfig (or a multi connector member's) reaches the
+// agent in its environment, never on its command line (agentEnvironment):
+// one that is not a non-empty string is refused here, its value unshown.
+// Passed on, it went onto the command line (logged, shown by ps) for the
+// agent to refuse.
+void requireSecretText(const nlohmann::json& extra, const YAML::Node& node, const std::string& path,
+                       const DocumentContext& context) {
+  auto secret = extra.find("secret");
+  if (secret != extra.end() && (!secret->is_string() || secret->get<std::string>().empty())) {
+    fail(context, path + ".secret",
+         "must be a non-empty string (quote it: YAML reads digits, true or a list as another "
+         "type; the value is not shown)",
+         node["secret"]);
+  }
+}
+
 KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
                               const DocumentContext& context) {
   const std::string path = "spec.kvTransfer";
@@ -127,7 +143,19 @@ KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,
   }
   if (auto value = reader.get("extraConfig")) {
     requireMapping(*value, reader.pathOf("extraConfig"), context);
-    transfer.extra_config = toJson(*value, context, reader.pathOf("extraConfig"));
+    const std::string extra_path = reader.pathOf("extraConfig");
+    transfer.extra_config = toJson(*value, context, extra_path);
+    requireSecretText(transfer.extra_config, *value, extra_path, context);
+    const auto members = transfer.extra_config.find("connectors");
+    if (members != transfer.extra_config.end() && members->is_array()) {
+      for (size_t i = 0; i < members->size(); ++i) {
+        const nlohmann::json& member = (*members)[i];
+        const char* kExtra = "kv_connector_extra_config";
+        if (!member.is_object() || !member.contains(kExtra)) continue;
+        requireSecretText(member[kExtra], (*value)["connectors"][i][kExtra],
+                          extra_path + ".connectors[" + std::to_string(i) + "]." + kExtra, context);
+      }
+    }
   }
   if (auto value = reader.get("secretRef")) {
     transfer.secret_ref = readSecretKeyRef(*value, reader.pathOf("secretRef"), context);

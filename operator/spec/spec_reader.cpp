@@ -213,7 +213,9 @@ nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
   switch (node.Type()) {
     case YAML::NodeType::Sequence: {
       nlohmann::json array = nlohmann::json::array();
-      for (const auto& item : node) array.push_back(toJson(item, context, path));
+      for (const auto& item : node) {
+        array.push_back(toJson(item, context, path + "[" + std::to_string(array.size()) + "]"));
+      }
       return array;
     }
     case YAML::NodeType::Map: {
@@ -224,7 +226,10 @@ nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
                "has a key that is not a plain name (got " + described(entry.first) + ")",
                entry.first);
         }
-        object[entry.first.as<std::string>()] = toJson(entry.second, context, path);
+        const std::string key = entry.first.as<std::string>();
+        // YAML forbids it, yaml-cpp keeps both: which was meant?
+        if (object.contains(key)) fail(context, path + "." + key, "is given twice", entry.first);
+        object[key] = toJson(entry.second, context, path + "." + key);
       }
       return object;
     }

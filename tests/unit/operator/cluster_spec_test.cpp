@@ -312,6 +312,23 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
        "spec.env[0].name \"TANDEM_API_KEY\" is set by spec.apiKeySecretRef"},
       {documents({decode_spec + "  replicas: 2\n  replicas: 3\n"}),
        "c.yaml: document 1 (DecodePool \"decode\"): spec.replicas is given twice (line 7)"},
+      // Free-form maps are strict too, down to their nested keys.
+      {documents({decode_spec + "  kvTransfer: {extraConfig: {secret: a-secret, secret: b}}\n"}),
+       "spec.kvTransfer.extraConfig.secret is given twice"},
+      {documents({decode_spec +
+                  "  kvTransfer: {connector: multi, extraConfig: {connectors: "
+                  "[{kv_connector: ucx, kv_connector_extra_config: {a: 1, a: 2}}]}}\n"}),
+       "spec.kvTransfer.extraConfig.connectors[0].kv_connector_extra_config.a is given twice"},
+      // A secret that is not text would go onto the agent's command line
+      // (logged, shown by ps): refused, its value unshown.
+      {documents({decode_spec + "  kvTransfer: {extraConfig: {secret: 8675309867530986}}\n"}),
+       "spec.kvTransfer.extraConfig.secret must be a non-empty string (quote it: YAML reads "
+       "digits, true or a list as another type; the value is not shown)"},
+      {documents({decode_spec +
+                  "  kvTransfer: {connector: multi, extraConfig: {connectors: "
+                  "[{kv_connector: ucx, kv_connector_extra_config: {secret: true}}]}}\n"}),
+       "spec.kvTransfer.extraConfig.connectors[0].kv_connector_extra_config.secret must be a "
+       "non-empty string"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
        "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
@@ -745,8 +762,10 @@ TEST(ClusterSpecTest, AutoscalingErrorsNameTheField) {
       {std::string(kDecode) + "  autoscaling:\n    maxReplicas: 4\n",
        where + "spec.autoscaling.targetITLSeconds is required on a DecodePool (a number of "
                "seconds above 0 and up to 3600) (line 9)"},
-      {decode("    maxReplicas: 4\n    targetITLSeconds: 0\n"),
+      {std::string(kDecode) + "  autoscaling:\n    maxReplicas: 4\n    targetITLSeconds: 0\n",
        where + "spec.autoscaling.targetITLSeconds must be a number above 0 and up to 3600, got 0"},
+      {decode("    maxReplicas: 4\n    targetITLSeconds: 0.1\n"),
+       where + "spec.autoscaling.targetITLSeconds is given twice (line 11)"},
       {decode("    maxReplicas: 4\n    targetKVCacheUsage: 1.2\n"),
        where + "spec.autoscaling.targetKVCacheUsage must be a number above 0 and up to 1, got "
                "1.2 (line 11)"},
