@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -169,14 +170,16 @@ int runServe(CLI::App& command, ServeOptions& o) {
     config.simulate = std::move(*profile);
   }
   std::unique_ptr<engine::KvSlabAllocator> slab_allocator;
+  bool kv_unsigned = false;  // a KV connector without a shared secret
   if (!o.kv_transfer_config.empty()) {
     auto transfer = kv::KvTransferConfig::parse(o.kv_transfer_config);
     if (!transfer.isOk()) throw Error("--" + transfer.status().message());
     // Refused before the KV slab is allocated and committed (a slab of
     // gigabytes takes a while).
     (void)kv::checkFaultInjection(transfer->extra, o.enable_fault_injection);
-    const bool unprotected = kv::needsUcxSlab(*transfer) && !isLoopback(o.host) &&
-                             kv::kvSecret(*transfer).empty() && !o.insecure_kv;
+    kv_unsigned = kv::kvSecret(*transfer).empty();
+    const bool unprotected =
+        kv::needsUcxSlab(*transfer) && !isLoopback(o.host) && kv_unsigned && !o.insecure_kv;
     if (unprotected && transfer->produces()) {
       throw Error("a KV producer listening on " + o.host +
                   " lets any peer read its KV blocks: set a shared secret "
@@ -222,6 +225,17 @@ int runServe(CLI::App& command, ServeOptions& o) {
   server_config.api_key = server::apiKeyFrom(o.api_key);
   server_config.api_key_exempt =
       server::parseApiKeyExemptPaths(o.api_key_exempt_paths, "--api-key-exempt-paths");
+  // The KV routes skip the API key because the KV secret signs them: with a
+  // key and no secret, whoever reaches the agent may pin its blocks, probe
+  // which prompts it caches and read its KV.
+  const bool kv_routes_exempt =
+      std::any_of(server_config.api_key_exempt.begin(), server_config.api_key_exempt.end(),
+                  [](const std::string& path) { return path.starts_with("/v1/kv_transfer"); });
+  if (!server_config.api_key.empty() && kv_unsigned && kv_routes_exempt) {
+    TANDEM_LOG(kWarn) << "the agent has an API key but its KV connector no shared secret: "
+                         "/v1/kv_transfer/* (exempt from the key) are open to anyone who reaches "
+                         "it; set kv_connector_extra_config.secret or TANDEM_KV_SECRET";
+  }
   server::HttpLimits& http = server_config.http;
   http.max_header_bytes = static_cast<size_t>(o.max_header_bytes);
   http.max_body_bytes = static_cast<uint64_t>(o.max_body_bytes);

@@ -102,6 +102,23 @@ TEST(KvTransferAuth, AMultiConnectorsSecretSecuresItsUcxMember) {
   EXPECT_EQ(status, 200) << answer.dump();
 }
 
+// The KV routes skip the API key because the KV secret signs them: an agent
+// with a key and a KV connector without a secret says at start that they
+// are open; with a secret, or without a key, it says nothing.
+TEST(KvTransferAuth, AnApiKeyWithoutAKvSecretIsWarnedOf) {
+  const std::string warning = "the agent has an API key but its KV connector no shared secret";
+  Agent open_kv({"--api-key", "sk-1", "--kv-transfer-config", ucxConfig("kv_both")});
+  EXPECT_NE(open_kv.stderrText().find(warning), std::string::npos) << open_kv.stderrText();
+  int status = 0;
+  open_kv.post("/v1/kv_transfer/hold", {{"token_ids", randomPrompt(20, 73)}}, &status);
+  EXPECT_EQ(status, 404) << "the hold is served without the key (nothing cached to hold)";
+  Agent signed_kv(
+      {"--api-key", "sk-1", "--kv-transfer-config", ucxConfig("kv_both", {{"secret", "alpha"}})});
+  EXPECT_EQ(signed_kv.stderrText().find(warning), std::string::npos) << signed_kv.stderrText();
+  Agent keyless({"--kv-transfer-config", ucxConfig("kv_both")});
+  EXPECT_EQ(keyless.stderrText().find(warning), std::string::npos) << keyless.stderrText();
+}
+
 // A router's late ask for a stream's hand-over (POST /admin/hand_over) is
 // signed as /admin/drain is when the agent has a KV secret; its request_id
 // must be a string of 1 to 512 characters, and an error names it. An id the
