@@ -18,24 +18,33 @@ Status denied(const std::string& message) { return permissionDenied(message); }
 
 }  // namespace
 
-std::string requestCanonical(std::string_view path, int64_t timestamp, std::string_view nonce,
-                             const json& body) {
+const std::string& instanceId() {
+  static const std::string id = randomNonce();
+  return id;
+}
+
+std::string requestCanonical(std::string_view agent, std::string_view path, int64_t timestamp,
+                             std::string_view nonce, const json& body) {
   json rest = body;
   if (rest.is_object()) rest.erase(kAuthField);
-  return "tandem-kv-request/1\n" + std::string(path) + "\n" + std::to_string(timestamp) + "\n" +
-         std::string(nonce) + "\n" + rest.dump(-1, ' ', false, json::error_handler_t::replace);
+  return "tandem-kv-request/2\n" + std::string(agent) + "\n" + std::string(path) + "\n" +
+         std::to_string(timestamp) + "\n" + std::string(nonce) + "\n" +
+         rest.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-void signRequest(json& body, std::string_view path, std::string_view secret, int64_t timestamp,
-                 std::string_view nonce) {
+void signRequest(json& body, std::string_view agent, std::string_view path, std::string_view secret,
+                 int64_t timestamp, std::string_view nonce) {
   const std::string signature =
-      hmacSha256Hex(secret, requestCanonical(path, timestamp, nonce, body));
-  body[kAuthField] = {
-      {"timestamp", timestamp}, {"nonce", std::string(nonce)}, {"signature", signature}};
+      hmacSha256Hex(secret, requestCanonical(agent, path, timestamp, nonce, body));
+  body[kAuthField] = {{"agent", std::string(agent)},
+                      {"timestamp", timestamp},
+                      {"nonce", std::string(nonce)},
+                      {"signature", signature}};
 }
 
-void signRequest(json& body, std::string_view path, std::string_view secret) {
-  signRequest(body, path, secret, unixSeconds(), randomNonce());
+void signRequest(json& body, std::string_view agent, std::string_view path,
+                 std::string_view secret) {
+  signRequest(body, agent, path, secret, unixSeconds(), randomNonce());
 }
 
 int64_t unixSeconds() {
@@ -64,8 +73,11 @@ bool isNonce(std::string_view text) {
          });
 }
 
-RequestVerifier::RequestVerifier(std::string secret, std::function<int64_t()> clock)
-    : secret_(std::move(secret)), clock_(clock ? std::move(clock) : unixSeconds) {}
+RequestVerifier::RequestVerifier(std::string secret, std::string agent,
+                                 std::function<int64_t()> clock)
+    : secret_(std::move(secret)),
+      agent_(std::move(agent)),
+      clock_(clock ? std::move(clock) : unixSeconds) {}
 
 Status RequestVerifier::verify(std::string_view path, const json& body) {
   const std::string field = kAuthField;
@@ -93,6 +105,16 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
   if (signature == auth->end() || !signature->is_string()) {
     return denied(field + ".signature is missing" + why);
   }
+  auto agent = auth->find("agent");
+  if (agent == auth->end() || !agent->is_string() ||
+      agent->get_ref<const std::string&>() != agent_) {
+    return denied(field + ".agent " +
+                  (agent == auth->end() ? "is missing" : "names another agent") +
+                  ": this agent's instance id is " + agent_ +
+                  " (its GET /health gives it as instance_id); a signed request is for one "
+                  "agent process, and one for another agent, or for an earlier run of this one, "
+                  "is refused");
+  }
   // The window first: it is checked on the value sent (a timestamp past
   // int64 is outside it), and says more than a signature that, over such a
   // timestamp, could not match anyway.
@@ -107,8 +129,9 @@ Status RequestVerifier::verify(std::string_view path, const json& body) {
                   std::to_string(now) + "): a request is accepted only within that window");
   }
   const std::string& nonce_text = nonce->get_ref<const std::string&>();
-  if (!constantTimeEquals(signature->get_ref<const std::string&>(),
-                          hmacSha256Hex(secret_, requestCanonical(path, when, nonce_text, body)))) {
+  if (!constantTimeEquals(
+          signature->get_ref<const std::string&>(),
+          hmacSha256Hex(secret_, requestCanonical(agent_, path, when, nonce_text, body)))) {
     return denied(field +
                   ".signature does not match: the request was not signed with this agent's KV "
                   "secret, or was altered");

@@ -4,15 +4,20 @@
 // agent (tandem_kv) and the router (tandem_router), hence here.
 //
 // A signed body carries one more member, "kv_auth":
-//   {"timestamp": <Unix seconds>, "nonce": "<16 to 128 hex characters>",
+//   {"agent": "<the agent's instance id>", "timestamp": <Unix seconds>,
+//    "nonce": "<16 to 128 hex characters>",
 //    "signature": "<HMAC-SHA256, lower-case hex>"}
-// and the signature covers the endpoint's path, the timestamp, the nonce and
-// the rest of the body as compact JSON with sorted keys (nlohmann's dump of
-// the parsed value, which both sides compute the same way):
-//   "tandem-kv-request/1\n<path>\n<timestamp>\n<nonce>\n<body without kv_auth>"
-// A request is accepted within kMaxClockSkewSeconds of the agent's clock and
-// only once: the verifier remembers the nonces it accepted until their
-// timestamps leave the window, so a captured request cannot be replayed.
+// and the signature covers the agent process it is for (its instance id,
+// which its GET /health gives), the endpoint's path, the timestamp, the
+// nonce and the rest of the body as compact JSON with sorted keys
+// (nlohmann's dump of the parsed value, which both sides compute the same
+// way):
+//   "tandem-kv-request/2\n<agent>\n<path>\n<timestamp>\n<nonce>\n<body without kv_auth>"
+// A request is accepted by the agent process it names, within
+// kMaxClockSkewSeconds of its clock, and only once: the verifier remembers
+// the nonces it accepted until their timestamps leave the window, so a
+// captured request cannot be replayed, to it or to another agent sharing
+// the secret (nor to it once restarted: a new process has a new id).
 //
 // Thread-safety: the free functions are; RequestVerifier is (one mutex).
 #pragma once
@@ -41,17 +46,22 @@ inline constexpr int64_t kMaxClockSkewSeconds = 120;
 // the window.
 inline constexpr size_t kMaxRememberedNonces = 1 << 20;
 
-// The signed text of a request to `path` (e.g. "/v1/kv_transfer/hold") whose
-// body, without kv_auth, is `body`.
-std::string requestCanonical(std::string_view path, int64_t timestamp, std::string_view nonce,
-                             const nlohmann::json& body);
+// This process's instance id: 32 random hex characters made at first use.
+// An agent accepts only the signed requests that name it.
+const std::string& instanceId();
 
-// Adds kv_auth to `body` (an object): signed with `secret` at `timestamp`
-// with `nonce`. Deterministic; the overload below uses the clock and a
-// random nonce.
-void signRequest(nlohmann::json& body, std::string_view path, std::string_view secret,
-                 int64_t timestamp, std::string_view nonce);
-void signRequest(nlohmann::json& body, std::string_view path, std::string_view secret);
+// The signed text of a request for the agent process `agent` to `path`
+// (e.g. "/v1/kv_transfer/hold") whose body, without kv_auth, is `body`.
+std::string requestCanonical(std::string_view agent, std::string_view path, int64_t timestamp,
+                             std::string_view nonce, const nlohmann::json& body);
+
+// Adds kv_auth to `body` (an object): for the agent whose instance id is
+// `agent`, signed with `secret` at `timestamp` with `nonce`. Deterministic;
+// the overload below uses the clock and a random nonce.
+void signRequest(nlohmann::json& body, std::string_view agent, std::string_view path,
+                 std::string_view secret, int64_t timestamp, std::string_view nonce);
+void signRequest(nlohmann::json& body, std::string_view agent, std::string_view path,
+                 std::string_view secret);
 
 // Seconds since the Unix epoch (the timestamps' clock).
 int64_t unixSeconds();
@@ -68,12 +78,14 @@ std::string randomSecret();
 // Checks signed requests with one secret (non-empty).
 class RequestVerifier {
  public:
-  // `clock` gives Unix seconds (tests inject one); empty: unixSeconds.
-  explicit RequestVerifier(std::string secret, std::function<int64_t()> clock = {});
+  // Accepts requests for the agent whose instance id is `agent` (this
+  // process's: instanceId()). `clock` gives Unix seconds (tests inject one);
+  // empty: unixSeconds.
+  RequestVerifier(std::string secret, std::string agent, std::function<int64_t()> clock = {});
 
-  // OK when `body` carries a kv_auth signed with the secret over `path` and
-  // the rest of the body, its timestamp is within kMaxClockSkewSeconds and
-  // its nonce was not accepted before. Otherwise PermissionDenied whose
+  // OK when `body` carries a kv_auth for this agent signed with the secret
+  // over `path` and the rest of the body, its timestamp is within
+  // kMaxClockSkewSeconds and its nonce was not accepted before. Otherwise PermissionDenied whose
   // message begins with the offending field ("kv_auth.signature is
   // missing: ..."), or Unavailable when too many nonces are remembered.
   Status verify(std::string_view path, const nlohmann::json& body);
@@ -91,6 +103,7 @@ class RequestVerifier {
   };
 
   std::string secret_;
+  std::string agent_;
   std::function<int64_t()> clock_;
   std::mutex mutex_;
   std::unordered_set<NonceDigest, DigestHash> seen_;

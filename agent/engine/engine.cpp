@@ -382,7 +382,8 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
   if (!connector_ || !connector_->verifiesRequests()) {
     const std::string secret =
         kv::kvSecret(connector_ ? connector_->config() : kv::KvTransferConfig{});
-    if (!secret.empty()) control_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret);
+    if (!secret.empty())
+      control_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret, kv_auth::instanceId());
   }
 
   // End-of-sequence ids: config.json's, the tokenizer's eos_token and

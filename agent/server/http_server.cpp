@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/http/http_connection.h"
+#include "common/kv_auth.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -745,9 +746,12 @@ void HttpServer::routes() {
                       "application/json");
       return;
     }
+    // instance_id: what a signed control request names to be accepted here
+    // (common/kv_auth.h); a restarted agent has a new one.
     json health = {{"status", "ok"},
                    {"device", kernels::deviceKindName(engine_.backend().kind())},
-                   {"device_description", engine_.backend().description()}};
+                   {"device_description", engine_.backend().description()},
+                   {"instance_id", kv_auth::instanceId()}};
     // The ucx connector's KV buffer ("kv_buffer": "slab"|"staging", UCX's
     // memory types, staging slots) at the top level.
     if (const engine::StepProfile* profile = engine_.simulatedProfile()) {

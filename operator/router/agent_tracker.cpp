@@ -215,6 +215,12 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
   UpstreamResult health = co_await callAgent(agent.endpoint, http::verb::get,
                                              std::string("/health"), std::string(), 5.0);
   if (health.status != 200) co_return false;
+  {
+    const json answer = parseJsonOrDiscarded(health.body);
+    const auto id = answer.is_object() ? answer.find("instance_id") : answer.end();
+    std::lock_guard<std::mutex> lock(agent.adapters_mutex);
+    agent.instance_id = id != answer.end() && id->is_string() ? id->get<std::string>() : "";
+  }
   const int64_t mine_before = ledger_requests_ ? ledger_requests_(agent) : 0;
   UpstreamResult metrics = co_await callAgent(agent.endpoint, http::verb::get,
                                               std::string("/metrics"), std::string(), 5.0);

@@ -58,16 +58,24 @@ struct AgentState {
   std::atomic<int64_t> external_requests{0};
   LedgerCounts ledger;  // guarded by the LoadLedger's mutex
   // The LoRA adapters its /v1/models lists, read when it turns healthy and
-  // every kAdapterRefreshPolls polls after (guarded by adapters_mutex).
+  // every kAdapterRefreshPolls polls after (guarded by adapters_mutex, as
+  // are the two below).
   mutable std::mutex adapters_mutex;
   std::vector<AdapterInfo> adapters;
   // Its model's identity, from the same answer ("" until read): a request's
   // prefill and decode agents, and the agents a stream moves to, share it.
   std::string model_identity;
+  // Its process's instance id, from its last /health ("" until read): what
+  // the router's signed control requests to it name (common/kv_auth.h).
+  std::string instance_id;
   int64_t polls_since_models = 0;  // its poll loop only
   std::string modelIdentity() const {
     std::lock_guard<std::mutex> lock(adapters_mutex);
     return model_identity;
+  }
+  std::string instanceId() const {
+    std::lock_guard<std::mutex> lock(adapters_mutex);
+    return instance_id;
   }
   // Whether it serves `adapter` with blocks hashed under `identity`.
   bool serves(const std::string& adapter, const std::string& identity) const {

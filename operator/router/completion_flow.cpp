@@ -148,19 +148,26 @@ double secondsSince(Clock::time_point start) {
 // A hold is signed with the agents' KV secret (common/kv_auth.h); a release
 // needs no signature of ours: the descriptor it carries is the agent's own,
 // signed by it.
-std::string holdBody(const protocol::Request& request, const std::string& kv_secret) {
+// Each is signed for the agent it goes to (its instance id).
+std::string holdBody(const protocol::Request& request, const std::string& kv_secret,
+                     const AgentState& lender) {
   json hold = {{"token_ids", request.prompt}};
   if (!request.cache_salt.empty()) hold["cache_salt"] = request.cache_salt;
   if (!request.adapter.empty()) hold["model"] = request.adapter;
-  if (!kv_secret.empty()) kv_auth::signRequest(hold, "/v1/kv_transfer/hold", kv_secret);
+  if (!kv_secret.empty()) {
+    kv_auth::signRequest(hold, lender.instanceId(), "/v1/kv_transfer/hold", kv_secret);
+  }
   return hold.dump();
 }
 
 // A late ask that a stream be handed over (/admin/hand_over), signed as
 // /admin/drain is.
-std::string handOverBody(const std::string& agent_request_id, const std::string& kv_secret) {
+std::string handOverBody(const std::string& agent_request_id, const std::string& kv_secret,
+                         const AgentState& agent) {
   json body = {{"request_id", agent_request_id}};
-  if (!kv_secret.empty()) kv_auth::signRequest(body, "/admin/hand_over", kv_secret);
+  if (!kv_secret.empty()) {
+    kv_auth::signRequest(body, agent.instanceId(), "/admin/hand_over", kv_secret);
+  }
   return body.dump();
 }
 
@@ -1013,7 +1020,7 @@ awaitable<CompletionFlow::Lent> CompletionFlow::lendFrom(const AgentPtr& lender,
                                                          int64_t expected_tokens) {
   UpstreamResult held =
       co_await callAgent(lender->endpoint, http::verb::post, std::string("/v1/kv_transfer/hold"),
-                         holdBody(request, kv_secret_), 10.0);
+                         holdBody(request, kv_secret_, *lender), 10.0);
   json lent;
   int64_t lent_tokens = 0;
   if (held.status == 200) {
@@ -1240,7 +1247,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
                                "agent can resume it now";
           asio::co_spawn(
               co_await asio::this_coro::executor,
-              askForHandOver(decode->endpoint, handOverBody(agent_request_id, kv_secret_),
+              askForHandOver(decode->endpoint, handOverBody(agent_request_id, kv_secret_, *decode),
                              exchange.request().id, hand_over_asked),
               asio::detached);
         }

@@ -23,6 +23,14 @@ using ::tandem::prometheusSample;
 
 constexpr char kHold[] = "/v1/kv_transfer/hold";
 
+// The agent process's instance id (its /health), which a signed control
+// request to it names.
+std::string instanceOf(const Agent& agent) {
+  auto res = agent.client()->Get("/health");
+  if (!res) return "";
+  return json::parse(res->body).value("instance_id", "");
+}
+
 json hold(const Agent& agent, const std::vector<int>& prompt, int* status) {
   return agent.post(kHold, {{"token_ids", prompt}}, status);
 }
@@ -47,23 +55,25 @@ TEST(KvTransferAuth, HoldNeedsASignatureWhenTheAgentHasASecretAndPinsNothingWith
     expectError(error, text, param);
   };
   const json plain = {{"token_ids", prompt}};
+  const std::string lender_id = instanceOf(lender);
   refused(plain, "kv_auth must be an object with timestamp, nonce and signature", "kv_auth");
   json wrong = plain;
-  kv_auth::signRequest(wrong, kHold, "beta");
+  kv_auth::signRequest(wrong, lender_id, kHold, "beta");
   refused(wrong, "kv_auth.signature does not match", "kv_auth.signature");
   json altered = plain;
-  kv_auth::signRequest(altered, kHold, "alpha");
+  kv_auth::signRequest(altered, lender_id, kHold, "alpha");
   altered["token_ids"][0] = 5;
   refused(altered, "kv_auth.signature does not match", "kv_auth.signature");
   json stale = plain;
-  kv_auth::signRequest(stale, kHold, "alpha", kv_auth::unixSeconds() - 600, kv_auth::randomNonce());
+  kv_auth::signRequest(stale, lender_id, kHold, "alpha", kv_auth::unixSeconds() - 600,
+                       kv_auth::randomNonce());
   refused(stale, "s from this agent's clock", "kv_auth.timestamp");
   EXPECT_EQ(lender.metric("tandem_kv_transfer_failures_total", "reason=\"auth\""), 4);
   EXPECT_EQ(lender.metric("tandem_kv_held_blocks"), 0);
   EXPECT_EQ(lender.metric("tandem_kv_cache_free_blocks"), free_before) << "nothing was pinned";
 
   json good = plain;
-  kv_auth::signRequest(good, kHold, "alpha");
+  kv_auth::signRequest(good, lender_id, kHold, "alpha");
   int status = 0;
   json lent = lender.post(kHold, good, &status);
   ASSERT_EQ(status, 200) << lent.dump();
@@ -119,6 +129,32 @@ TEST(KvTransferAuth, AnApiKeyWithoutAKvSecretIsWarnedOf) {
   EXPECT_EQ(keyless.stderrText().find(warning), std::string::npos) << keyless.stderrText();
 }
 
+// A signed control request names the agent process it is for (its
+// /health instance_id): a drain signed for one agent, sent to another that
+// shares the secret, is refused naming kv_auth.agent and drains nothing;
+// the agent it names takes it. Before, one captured drain drained every
+// agent of the pool (and a restarted one again) within its 120 s.
+TEST(KvTransferAuth, ASignedRequestIsAcceptedOnlyByTheAgentItNames) {
+  const std::string config = ucxConfig("kv_both", {{"secret", "alpha"}});
+  Agent named({"--kv-transfer-config", config});
+  Agent other({"--kv-transfer-config", config});
+  const std::string named_id = instanceOf(named);
+  ASSERT_TRUE(kv_auth::isNonce(named_id)) << named_id;
+  EXPECT_NE(instanceOf(other), named_id);
+  json drain = json::object();
+  kv_auth::signRequest(drain, named_id, "/admin/drain", "alpha");
+  int status = 0;
+  json answer = other.post("/admin/drain", drain, &status);
+  EXPECT_EQ(status, 403) << answer.dump();
+  expectError(answer, "kv_auth.agent names another agent", "kv_auth.agent");
+  auto health = other.client()->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << "the other agent is not draining: " << health->body;
+  named.process();  // it drains and exits
+  answer = named.post("/admin/drain", drain, &status);
+  EXPECT_EQ(status, 202) << answer.dump();
+}
+
 // A router's late ask for a stream's hand-over (POST /admin/hand_over) is
 // signed as /admin/drain is when the agent has a KV secret; its request_id
 // must be a string of 1 to 512 characters, and an error names it. An id the
@@ -130,13 +166,14 @@ TEST(KvTransferAuth, AHandOverAskIsSignedAndNamesItsField) {
   json answer = agent.post(kHandOver, {{"request_id", "nobody"}}, &status);
   EXPECT_EQ(status, 403) << answer.dump();
   expectError(answer, "kv_auth must be an object with timestamp, nonce and signature", "kv_auth");
+  const std::string id = instanceOf(agent);
   json signed_ask = {{"request_id", "nobody"}};
-  kv_auth::signRequest(signed_ask, kHandOver, "alpha");
+  kv_auth::signRequest(signed_ask, id, kHandOver, "alpha");
   answer = agent.post(kHandOver, signed_ask, &status);
   EXPECT_EQ(status, 202) << answer.dump();
   EXPECT_EQ(answer, json({{"asked", true}}));
   json drain_signed = {{"request_id", "nobody"}};
-  kv_auth::signRequest(drain_signed, "/admin/drain", "alpha");
+  kv_auth::signRequest(drain_signed, id, "/admin/drain", "alpha");
   answer = agent.post(kHandOver, drain_signed, &status);
   EXPECT_EQ(status, 403) << "a signature for another path: " << answer.dump();
 

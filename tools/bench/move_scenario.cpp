@@ -56,7 +56,15 @@ bool postDrain(const ClusterAgent& agent, const std::string& kv_secret) {
   client.set_connection_timeout(10, 0);
   client.set_read_timeout(30, 0);
   nlohmann::json body = nlohmann::json::object();
-  if (!kv_secret.empty()) kv_auth::signRequest(body, "/admin/drain", kv_secret);
+  if (!kv_secret.empty()) {
+    // Signed for this agent process: its instance id, from its /health.
+    auto health = client.Get("/health");
+    if (!health || health->status != 200) return false;
+    const nlohmann::json answer = nlohmann::json::parse(health->body, nullptr, false);
+    const auto id = answer.is_object() ? answer.find("instance_id") : answer.end();
+    if (id == answer.end() || !id->is_string()) return false;
+    kv_auth::signRequest(body, id->get<std::string>(), "/admin/drain", kv_secret);
+  }
   auto result = client.Post("/admin/drain", body.dump(), "application/json");
   return result && result->status == 202;
 }

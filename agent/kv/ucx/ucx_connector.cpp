@@ -180,7 +180,9 @@ UcxConnector::UcxConnector(const KvTransferConfig& config, engine::KvCache& cach
   auto buffer_options = parseKvBufferOptions(config.extra);
   if (!buffer_options.isOk()) throw Error(buffer_options.status().message());
   secret_ = kvSecret(config);
-  if (!secret_.empty()) request_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret_);
+  if (!secret_.empty()) {
+    request_verifier_ = std::make_unique<kv_auth::RequestVerifier>(secret_, kv_auth::instanceId());
+  }
   if (auto it = config.extra.find("remote_pull_threshold"); it != config.extra.end()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
       throw Error(

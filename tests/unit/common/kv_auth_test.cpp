@@ -13,29 +13,32 @@ using nlohmann::json;
 
 constexpr char kPath[] = "/v1/kv_transfer/hold";
 constexpr int64_t kNow = 1700000000;
+constexpr char kAgent[] = "0123456789abcdef0123456789abcdef";
 
 json holdBody() { return {{"token_ids", {1, 2, 3}}, {"cache_salt", "s"}}; }
 
 RequestVerifier verifierAt(const int64_t& now) {
-  return RequestVerifier("alpha", [&now] { return now; });
+  return RequestVerifier("alpha", kAgent, [&now] { return now; });
 }
 
 TEST(KvAuth, SignsTheDocumentedText) {
   json body = holdBody();
-  signRequest(body, kPath, "alpha", kNow, std::string(32, 'a'));
+  signRequest(body, kAgent, kPath, "alpha", kNow, std::string(32, 'a'));
+  EXPECT_EQ(body["kv_auth"]["agent"], kAgent);
   EXPECT_EQ(body["kv_auth"]["timestamp"], kNow);
   EXPECT_EQ(body["kv_auth"]["nonce"], std::string(32, 'a'));
-  EXPECT_EQ(body["kv_auth"]["signature"],
-            hmacSha256Hex("alpha", "tandem-kv-request/1\n/v1/kv_transfer/hold\n1700000000\n" +
-                                       std::string(32, 'a') +
-                                       "\n{\"cache_salt\":\"s\",\"token_ids\":[1,2,3]}"));
+  EXPECT_EQ(
+      body["kv_auth"]["signature"],
+      hmacSha256Hex("alpha", std::string("tandem-kv-request/2\n") + kAgent +
+                                 "\n/v1/kv_transfer/hold\n1700000000\n" + std::string(32, 'a') +
+                                 "\n{\"cache_salt\":\"s\",\"token_ids\":[1,2,3]}"));
 }
 
 TEST(KvAuth, AcceptsASignedRequestOnceAfterTextRoundTrip) {
   int64_t now = kNow;
   RequestVerifier verifier = verifierAt(now);
   json body = holdBody();
-  signRequest(body, kPath, "alpha", kNow - 30, std::string(32, 'b'));
+  signRequest(body, kAgent, kPath, "alpha", kNow - 30, std::string(32, 'b'));
   // What the agent verifies is the parsed text the router sent.
   const json received = json::parse(body.dump());
   EXPECT_TRUE(verifier.verify(kPath, received).isOk());
@@ -59,9 +62,9 @@ TEST(KvAuth, RefusesMissingWrongAlteredStaleOrMisdirectedRequests) {
                  0),
       0u);
   json signed_body = holdBody();
-  signRequest(signed_body, kPath, "beta", kNow, std::string(32, 'c'));
+  signRequest(signed_body, kAgent, kPath, "beta", kNow, std::string(32, 'c'));
   EXPECT_EQ(refusal(signed_body).rfind("kv_auth.signature does not match", 0), 0u);
-  signRequest(signed_body, kPath, "alpha", kNow, std::string(32, 'c'));
+  signRequest(signed_body, kAgent, kPath, "alpha", kNow, std::string(32, 'c'));
   json altered = signed_body;
   altered["token_ids"][0] = 9;
   EXPECT_EQ(refusal(altered).rfind("kv_auth.signature does not match", 0), 0u);
@@ -76,17 +79,18 @@ TEST(KvAuth, RefusesMissingWrongAlteredStaleOrMisdirectedRequests) {
   bad_time["kv_auth"]["timestamp"] = "now";
   EXPECT_EQ(refusal(bad_time).rfind("kv_auth.timestamp must be an integer", 0), 0u);
   json stale = holdBody();
-  signRequest(stale, kPath, "alpha", kNow - kMaxClockSkewSeconds - 1, std::string(32, 'd'));
+  signRequest(stale, kAgent, kPath, "alpha", kNow - kMaxClockSkewSeconds - 1, std::string(32, 'd'));
   EXPECT_EQ(refusal(stale).rfind("kv_auth.timestamp 1699999879 is more than 120 s", 0), 0u);
   json future = holdBody();
-  signRequest(future, kPath, "alpha", kNow + kMaxClockSkewSeconds + 1, std::string(32, 'd'));
+  signRequest(future, kAgent, kPath, "alpha", kNow + kMaxClockSkewSeconds + 1,
+              std::string(32, 'd'));
   EXPECT_EQ(refusal(future).rfind("kv_auth.timestamp", 0), 0u);
   // Timestamps past int64, or near its end: outside the window, quoted as
   // sent (the signature, over a value the verifier cannot hold, is not the
   // reason given).
   for (const char* text : {"18446744073709551615", "9223372036854775807", "9223372036854775687"}) {
     json huge = holdBody();
-    signRequest(huge, kPath, "alpha", kNow, std::string(32, 'e'));
+    signRequest(huge, kAgent, kPath, "alpha", kNow, std::string(32, 'e'));
     huge["kv_auth"]["timestamp"] = json::parse(text);
     EXPECT_EQ(
         refusal(huge).rfind(std::string("kv_auth.timestamp ") + text + " is more than 120 s", 0),
@@ -96,11 +100,41 @@ TEST(KvAuth, RefusesMissingWrongAlteredStaleOrMisdirectedRequests) {
   EXPECT_TRUE(verifier.verify(kPath, signed_body).isOk());
 }
 
+// A signed request names the agent process it is for: another agent that
+// shares the secret (or the same one restarted, with a new instance id)
+// refuses it, naming the field, before its nonce is remembered; one whose
+// name was changed after signing does not match the signature.
+TEST(KvAuth, ARequestSignedForOneAgentIsRefusedByAnother) {
+  int64_t now = kNow;
+  RequestVerifier other("alpha", "fedcba9876543210fedcba9876543210", [&now] { return now; });
+  RequestVerifier mine = verifierAt(now);
+  json body = holdBody();
+  signRequest(body, kAgent, kPath, "alpha", kNow, std::string(32, 'f'));
+  const Status refused = other.verify(kPath, body);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused.message().rfind(
+                "kv_auth.agent names another agent: this agent's instance id is "
+                "fedcba9876543210fedcba9876543210 (its GET /health gives it as instance_id)",
+                0),
+            0u)
+      << refused.message();
+  json renamed = body;
+  renamed["kv_auth"]["agent"] = "fedcba9876543210fedcba9876543210";
+  EXPECT_EQ(other.verify(kPath, renamed).message().rfind("kv_auth.signature does not match", 0),
+            0u);
+  json unnamed = body;
+  unnamed["kv_auth"].erase("agent");
+  EXPECT_EQ(mine.verify(kPath, unnamed).message().rfind("kv_auth.agent is missing", 0), 0u);
+  EXPECT_TRUE(mine.verify(kPath, body).isOk());
+  EXPECT_EQ(instanceId(), instanceId());
+  EXPECT_TRUE(isNonce(instanceId()));
+}
+
 TEST(KvAuth, ForgetsNoncesOnlyOnceTheirTimestampLeftTheWindow) {
   int64_t now = kNow;
   RequestVerifier verifier = verifierAt(now);
   json body = holdBody();
-  signRequest(body, kPath, "alpha", kNow, std::string(32, 'e'));
+  signRequest(body, kAgent, kPath, "alpha", kNow, std::string(32, 'e'));
   ASSERT_TRUE(verifier.verify(kPath, body).isOk());
   now = kNow + kMaxClockSkewSeconds;
   EXPECT_FALSE(verifier.verify(kPath, body).isOk()) << "still inside the window: remembered";
@@ -120,7 +154,7 @@ TEST(KvAuth, RemembersManyNoncesWithinTheWindowAndForgetsThemByTimestamp) {
     json body = plain;
     char nonce[33];
     std::snprintf(nonce, sizeof nonce, "%032x", i);
-    signRequest(body, kPath, "alpha", timestamp, nonce);
+    signRequest(body, kAgent, kPath, "alpha", timestamp, nonce);
     return body;
   };
   constexpr int kCount = 100000;
@@ -146,7 +180,7 @@ TEST(KvAuth, RandomNoncesAreAcceptedHex) {
   int64_t now = unixSeconds();
   RequestVerifier verifier = verifierAt(now);
   json body = holdBody();
-  signRequest(body, kPath, "alpha");
+  signRequest(body, kAgent, kPath, "alpha");
   EXPECT_TRUE(verifier.verify(kPath, body).isOk());
 }
 

@@ -901,10 +901,10 @@ TEST(EngineControl, WithoutAConnectorTheKvSecretStillGuardsControlRequests) {
   EXPECT_NE(unsigned_drain.message().find("kv_auth"), std::string::npos)
       << unsigned_drain.message();
   nlohmann::json wrong = nlohmann::json::object();
-  kv_auth::signRequest(wrong, "/admin/drain", "epsilon");
+  kv_auth::signRequest(wrong, kv_auth::instanceId(), "/admin/drain", "epsilon");
   EXPECT_EQ(engine.authorizeKvRequest("/admin/drain", wrong).code(), StatusCode::kPermissionDenied);
   nlohmann::json body = nlohmann::json::object();
-  kv_auth::signRequest(body, "/admin/drain", "delta");
+  kv_auth::signRequest(body, kv_auth::instanceId(), "/admin/drain", "delta");
   EXPECT_TRUE(engine.authorizeKvRequest("/admin/drain", body).isOk());
   // Once only.
   EXPECT_EQ(engine.authorizeKvRequest("/admin/drain", body).code(), StatusCode::kPermissionDenied);
