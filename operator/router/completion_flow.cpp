@@ -372,7 +372,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   // The model this request is checked and hashed with, to its end.
   const std::shared_ptr<const ModelView> model = model_.current();
   if (!model) {
-    co_await exchange.respond(unavailable("no agent is ready yet"));
+    // Built before the co_await: GCC 12 frees a conditional's temporaries
+    // inside one twice.
+    std::string message = "no agent is ready yet";
+    if (const std::string why = model_.lastError(); !why.empty()) message += ": " + why;
+    co_await exchange.respond(unavailable(message));
     co_return;
   }
   // Admitted before it is parsed: past max_queued_requests the answer is a

@@ -53,6 +53,20 @@ bool ServedModel::replaceableLocked(const std::string& identity) const {
 boost::asio::awaitable<void> ServedModel::learnFrom(AgentEndpoint agent, bool replace) {
   UpstreamResult models = co_await callAgent(agent, boost::beast::http::verb::get,
                                              std::string("/v1/models"), std::string(), 5.0);
+  if (models.status == 401 || models.status == 403) {
+    // The agents want a key this router does not send: said once, and
+    // given as the reason the model is not ready.
+    const std::string error =
+        "agent " + agent.name + " refused GET /v1/models with HTTP " +
+        std::to_string(models.status) +
+        ": give the router the agents' API key (--agent-api-key or TANDEM_AGENT_API_KEY)";
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (last_error_ != error) {
+      TANDEM_LOG(kWarn) << "router: " << error;
+    }
+    last_error_ = error;
+    co_return;
+  }
   if (models.status != 200) co_return;
   json body = parseJsonOrDiscarded(models.body);
   if (!body.is_object() || !body.contains("data") || body["data"].empty()) co_return;

@@ -601,6 +601,39 @@ TEST_F(RouterTest, ApiKeysGuardTheRouterAndItsCallsToTheAgents) {
   EXPECT_EQ(agent.Get("/v1/models", agent_key)->status, 200);
 }
 
+// A router not given the agents' key (it sends its own, which they refuse)
+// says why it serves nothing: the /v1/models refusal, in its log once, in
+// its /health and in the 503 a request gets. Before, it logged the agent
+// healthy and answered only "no agent is ready yet".
+TEST(RouterAgentKey, ARouterTheAgentsRefuseSaysWhy) {
+  Agent decode({"--role", "decode", "--api-key", "sk-agent-key"});
+  tandem::router::RouterConfig config;
+  config.port = 0;
+  config.poll_interval_s = 0.1;
+  config.api_key = "sk-router-key";
+  config.api_key_exempt = {"/health"};
+  config.decode.push_back({"decode-0", "127.0.0.1", decode.port()});
+  tandem::router::Router router(config);
+  router.start();
+  httplib::Client client("127.0.0.1", router.port());
+  const std::string why =
+      "agent decode-0 refused GET /v1/models with HTTP 401: give the router the agents' API key "
+      "(--agent-api-key or TANDEM_AGENT_API_KEY)";
+  std::string health;
+  EXPECT_TRUE(eventually([&] {
+    auto res = client.Get("/health");
+    health = res ? res->body : "";
+    return res && res->status == 503 && health.find(why) != std::string::npos;
+  })) << health;
+  const httplib::Headers key = {{"Authorization", "Bearer sk-router-key"}};
+  auto res = client.Post("/v1/completions", key, greedy(randomPrompt(20, 902), 4).dump(),
+                         "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_NE(res->body.find("no agent is ready yet: " + why), std::string::npos) << res->body;
+  router.stop(1.0);
+}
+
 // A constrained request through the router: prefilled on the prefill agent
 // (which samples its first token under the mask too) and decoded on the
 // decode agent, it gives the colocated agent's tokens; a constraint the
