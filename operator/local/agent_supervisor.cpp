@@ -359,6 +359,18 @@ void AgentSupervisor::onExit(Agent& agent, int status) {
                       << secondsText(options_.initial_backoff);
     return;
   }
+  if (agent.state == AgentState::kReady && status == 0 && !agent.killed) {
+    // Drained from outside (a SIGTERM or POST /admin/drain sent to it) and
+    // gone before a probe saw it draining: replaced at once, as one seen
+    // draining is, not restarted as a crash after a backoff, nor counted.
+    TANDEM_LOG(kInfo) << "local: " << agent.name << " (pid " << pid
+                      << ") drained and exited, not asked to by local mode: starting its "
+                      << "replacement";
+    agent.state = AgentState::kBackoff;
+    agent.start_again = true;
+    agent.restart_at = now;
+    return;
+  }
   if (agent.state == AgentState::kStarting && first_start_) {
     // The cluster's first start: local mode stops on it, naming why (no
     // restart is promised in the log).

@@ -322,13 +322,29 @@ TEST_F(LocalModeTest, StartsRestartsScalesAndStops) {
   }
   EXPECT_EQ(agent(mode, "prefill-0")->pid, prefill.pid);  // untouched
 
+  // One drained from outside (SIGTERM), idle, exits at once, before a probe
+  // sees it draining: it is replaced at once and not counted as a restart.
+  // Before, its exit was a crash's: counted, and restarted after a backoff
+  // that doubled with each such drain.
+  ASSERT_EQ(::kill(restarted.pid, SIGTERM), 0);
+  ASSERT_TRUE(readyAgain(mode, "decode-0", restarted.pid));
+  EXPECT_EQ(agent(mode, "decode-0")->restarts, 1);
+  EXPECT_EQ(prometheusSample(mode.localModeMetrics(), "tandem_local_agent_restarts_total",
+                             "pool=\"decode\",kind=\"DecodePool\""),
+            1);
+  const AgentStatus replaced = *agent(mode, "decode-0");
+  EXPECT_TRUE(eventually([&] {
+    return log_->current().second ==
+           std::vector<AgentAddress>{{"decode-0", "127.0.0.1", replaced.port}};
+  }));
+
   // One more decode replica in the file: one more agent, given to the router.
   rewrite(file, clusterYaml(1, 2));
   ASSERT_TRUE(eventually([&] { return ready(mode, "decode-1"); }, seconds(60)));
   const AgentStatus added = *agent(mode, "decode-1");
   EXPECT_TRUE(healthy(added.port));
   EXPECT_TRUE(eventually([&] { return log_->current().second.size() == 2; }));
-  EXPECT_EQ(agent(mode, "decode-0")->pid, restarted.pid);
+  EXPECT_EQ(agent(mode, "decode-0")->pid, replaced.pid);
 
   // An edit that does not parse changes nothing; the next good one applies.
   rewrite(file, clusterYaml(1, 1) + "  bogus: 1\n");
