@@ -976,8 +976,9 @@ awaitable<CompletionFlow::Handoff> CompletionFlow::prefillOn(
       // The prompt's blocks are now expected where they are computed.
       if (expects_blocks) agents_.expectBlocks(prefill->endpoint.name, hashes, kExpectedBlocksTtl);
     }
-    // The router's stop deadline (cutAll) closes the call: the agent
-    // aborts the prefill and frees its blocks.
+    // The client leaving, or the router's stop deadline (cutAll), ends the
+    // call's request side: the agent aborts the prefill and frees its
+    // blocks (an answer it had sent is read, and released below).
     UpstreamResult result = co_await callAgent(prefill->endpoint, http::verb::post, target,
                                                prefill_body, upstream_timeout_s_, &exchange,
                                                OnClientLeaving::kFinish, &stop.close_upstream);

@@ -50,9 +50,18 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
   }
   try {
     beast::tcp_stream stream(co_await asio::this_coro::executor);
+    // Ends the request's direction only (FIN): the agent sees its client
+    // gone and stops the work, and an answer already on its way is still
+    // read to its end.
+    const auto end_request = [&stream] {
+      boost::system::error_code ignored;
+      stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    };
     std::optional<server::OnClientGone> cut;
     if (client != nullptr && leaving == OnClientLeaving::kCut) {
       cut.emplace(*client, [&stream] { stream.close(); });
+    } else if (client != nullptr) {
+      cut.emplace(*client, end_request);
     }
     struct Cutter {
       std::function<void()>* hook;
@@ -60,7 +69,7 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
         if (hook != nullptr) *hook = nullptr;
       }
     } cutter_set{cutter};
-    if (cutter != nullptr) *cutter = [&stream] { stream.close(); };
+    if (cutter != nullptr) *cutter = end_request;
     tcp::resolver resolver(co_await asio::this_coro::executor);
     stream.expires_after(
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s)));

@@ -59,9 +59,11 @@ void setAgentHeaders(Request& request, const AgentEndpoint& endpoint) {
 
 // How a call made for a client treats that client leaving.
 enum class OnClientLeaving {
-  // Read the answer to its end: a prefill's answer names the blocks it
-  // holds, which the caller releases (an agent that loses its connection may
-  // drop the answer and keep them).
+  // End the request's direction (FIN): the agent sees its client gone and
+  // stops the work, and an answer already on its way is read to its end (a
+  // prefill's names the blocks it holds, which the caller releases; closed
+  // instead, an answer the agent wrote just then would leave them held
+  // until its hold timeout).
   kFinish,
   // Close the connection at once (the agent stops the work): for calls
   // whose answer nobody else needs.
@@ -80,9 +82,9 @@ void closeAfterAgent(boost::beast::tcp_stream&& stream);
 
 // An HTTP call to an agent; not sent when `client` has already left. Runs
 // on `client`'s strand when one is given. While it is in flight, `cutter`
-// (when given) holds what closes its connection (the call then ends as
-// failed, status 0); it is emptied when the call returns. Call it on the
-// same strand.
+// (when given) holds what ends it as kFinish does (the call then ends as
+// failed, status 0, unless the answer was on its way); it is emptied when
+// the call returns. Call it on the same strand.
 boost::asio::awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint,
                                                  boost::beast::http::verb verb, std::string target,
                                                  std::string body, double timeout_s,

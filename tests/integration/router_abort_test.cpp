@@ -286,6 +286,48 @@ TEST_F(RouterAbortTest, AClientLeavingBeforeTheHeadersIsNotRetriedOnAnotherDecod
       << "a client leaving is not an agent's fault";
 }
 
+// A client that leaves (closes or resets) while its long prompt is
+// prefilled stops the prefill: the router ends its request to the prefill
+// agent, which aborts it. Before, the router read the prefill to its end
+// (the answer names blocks to release), and every abandoned prompt was
+// computed whole, in front of the next clients' (3.3 s against 0.23 s).
+TEST_F(RouterAbortTest, AClientLeavingDuringItsPrefillStopsIt) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.kv_config = ucxConfig("kv_both", {{"abort_timeout_s", 120}});
+  // The prompt's prefill takes steps: it is seen running, and still runs
+  // when its client leaves.
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{"--max-num-batched-tokens", "16"}
+                   : std::vector<std::string>{};
+  };
+  startCluster(options);
+  Agent& prefill = *prefill_[0];
+  for (int i = 0; i < 2; ++i) {
+    RawClient client(router_->port());
+    json body = greedy(randomPrompt(1500, 30 + i), 8);
+    body["stream"] = i == 0;
+    ASSERT_TRUE(client.send(RawClient::request(body)));
+    ASSERT_TRUE(eventually([&] { return prefill.metric("tandem_num_requests_running") >= 1; }));
+    if (i == 0) {
+      client.close();
+    } else {
+      client.reset();
+    }
+    EXPECT_TRUE(eventually([&] {
+      return prefill.metric("tandem_requests_total", "finish_reason=\"abort\"") == i + 1;
+    })) << prefill.metricsText();
+  }
+  EXPECT_TRUE(eventually([&] { return agentsIdle() && admissionIdle(); }));
+  EXPECT_EQ(prefill.metric("tandem_requests_total", "finish_reason=\"length\""), 0)
+      << "no abandoned prefill ran to its end";
+  EXPECT_EQ(requestsSeen(*decode_[0]), 0);
+  EXPECT_EQ(routerMetric("tandem_router_client_aborts_total", "stage=\"prefill\""), 2);
+  EXPECT_EQ(metricSum(routerMetrics(), "tandem_router_upstream_errors_total"), 0)
+      << "a client leaving is not an agent's fault";
+  EXPECT_EQ(normalRequest(32), 200);
+}
+
 // Queued requests whose clients leave are dropped from the queue and never
 // reach an agent, while the request holding the only slot goes on.
 TEST_F(RouterAbortTest, QueuedRequestsWhoseClientsLeaveAreDroppedAndNeverSentUpstream) {
