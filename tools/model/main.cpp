@@ -160,7 +160,9 @@ int main(int argc, char** argv) {
   lora_command->add_option("--seed", lora.seed, "matrix seed");
   lora_command->add_option("--dtype", lora_dtype, "matrix dtype")
       ->check(CLI::IsMember({"bf16", "f32", "f16"}));
-  lora_command->add_option("--modules", lora.modules, "projections adapted (default: all seven)")
+  lora_command
+      ->add_option("--modules", lora.modules,
+                   "projections adapted (default: all seven, but a mixture layer's MLP)")
       ->delimiter(',');
   lora_command
       ->add_option("--strength", lora.strength,

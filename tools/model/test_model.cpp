@@ -1071,6 +1071,9 @@ void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelCon
   for (int64_t layer = 0; layer < base.num_hidden_layers; ++layer) {
     for (const std::string& module : modules) {
       const auto [in, out, path] = shape(module);
+      // The default set skips a mixture layer's MLP, which the agent
+      // refuses (its experts are not adapted); named, it is written.
+      if (options.modules.empty() && path == "mlp." && base.isMoeLayer(layer)) continue;
       const std::string prefix =
           "base_model.model.model.layers." + std::to_string(layer) + "." + path + module + ".";
       // A x has the scale of one of x's entries (A's rows as a projection's);

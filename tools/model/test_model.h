@@ -83,7 +83,7 @@ struct TestLoraOptions {
   DType dtype = DType::kF32;
   double strength = 0.5;
   // Module names as in PEFT's target_modules (q_proj ... down_proj); empty:
-  // all seven.
+  // all seven, but for a mixture layer's MLP (which the agent refuses).
   std::vector<std::string> modules;
 };
 void writeTestLoraAdapter(const TestLoraOptions& options, const engine::ModelConfig& base,

@@ -434,7 +434,9 @@ void expectMixtureMlpRefused(const ModelConfig& moe) {
   ASSERT_FALSE(moe.isMoeLayer(0));
   ASSERT_TRUE(moe.isMoeLayer(1));
   TempDir all("tandem-lora-moe");
-  tools::writeTestLoraAdapter({}, moe, all.path());
+  tools::TestLoraOptions named;  // the seven named: a mixture layer's MLP too
+  named.modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  tools::writeTestLoraAdapter(named, moe, all.path());
   std::string error = "(loaded)";
   try {
     LoraAdapter::load("sql", all.path(), moe);
@@ -453,6 +455,15 @@ void expectMixtureMlpRefused(const ModelConfig& moe) {
   options.modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   tools::writeTestLoraAdapter(options, moe, attention.path());
   std::unique_ptr<LoraAdapter> adapter = LoraAdapter::load("sql", attention.path(), moe);
+  EXPECT_GT(adapter->pair(1, kLoraQ).rank, 0);
+  EXPECT_EQ(adapter->pair(1, kLoraGate).rank, 0);
+
+  // tandem-model lora's default set leaves a mixture layer's MLP out: the
+  // agent loads it (before, it wrote one the agent refused).
+  TempDir defaults("tandem-lora-moe-default");
+  tools::writeTestLoraAdapter({}, moe, defaults.path());
+  adapter = LoraAdapter::load("sql", defaults.path(), moe);
+  EXPECT_GT(adapter->pair(0, kLoraGate).rank, 0) << "a dense layer's MLP is adapted";
   EXPECT_GT(adapter->pair(1, kLoraQ).rank, 0);
   EXPECT_EQ(adapter->pair(1, kLoraGate).rank, 0);
 }
