@@ -285,6 +285,14 @@ void LocalMode::adoptPools(const std::vector<PoolSpec>& file_pools) {
   for (const PoolSpec& pool : file_pools) file_replicas_[pool.name] = pool.replicas;
   pools_ = std::move(pools);
   planner_.configure(pools_);
+  // A pool no longer autoscaled leaves the planner's series (and status)
+  // now: its last decision would otherwise stand there, frozen.
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase_if(planner_status_, [&](const PoolPlannerStatus& status) {
+    return std::none_of(pools_.begin(), pools_.end(), [&](const PoolSpec& pool) {
+      return pool.name == status.pool && pool.kind == status.kind && pool.autoscaling;
+    });
+  });
 }
 
 void LocalMode::runPlanner(AgentSupervisor& supervisor) {

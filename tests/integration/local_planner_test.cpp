@@ -421,6 +421,23 @@ TEST_F(LocalPlannerTest, TtftMissGrowsPrefillOnlyAndItShrinksAfterItsScaleDownWi
             events("prefill", "ManualScaleRespected").back().time_seconds + kScaleDownSeconds);
   EXPECT_EQ(mode.fileError(), "");
 
+  // Autoscaling taken out of the file: the planner's series go with it
+  // (before, its last decision stayed on the metrics port, frozen).
+  ASSERT_TRUE(
+      prometheusSample(scrapeMetrics(), "tandem_planner_desired_replicas", "pool=\"prefill\"")
+          .has_value());
+  std::string unscaled = clusterYaml(cluster, 1);
+  for (size_t at; (at = unscaled.find("  autoscaling:\n")) != std::string::npos;) {
+    size_t end = at + std::string("  autoscaling:\n").size();
+    while (unscaled.compare(end, 4, "    ") == 0) end = unscaled.find('\n', end) + 1;
+    unscaled.erase(at, end - at);
+  }
+  rewrite(file, unscaled);
+  EXPECT_TRUE(eventually([&] {
+    return scrapeMetrics().find("tandem_planner_desired_replicas{") == std::string::npos;
+  })) << scrapeMetrics();
+  EXPECT_EQ(mode.fileError(), "");
+
   mode.requestStop();
   runner_.join();
   EXPECT_EQ(runError(), "");
