@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/hmac.h"
+#include "tests/support/httplib_serving.h"
 #include "tests/support/ucx_agents.h"
 
 namespace {
@@ -446,8 +447,7 @@ class FakeProducer {
                    res.set_content(answer_().dump(), "application/json");
                  });
     port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    eventually([this] { return server_.is_running(); });
+    thread_ = serveOnThread(server_);
   }
   ~FakeProducer() {
     server_.stop();

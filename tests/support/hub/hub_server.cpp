@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "tests/support/apiserver/test_pki.h"
+#include "tests/support/httplib_serving.h"
 
 namespace tandem::testing {
 namespace {
@@ -95,8 +96,8 @@ class HubServer::Impl {
     hub_port_ = hub_.bind_to_any_port(host_);
     cdn_port_ = cdn_.bind_to_any_port(host_);
     if (hub_port_ <= 0 || cdn_port_ <= 0) throw std::runtime_error("hub stand-in: cannot bind");
-    hub_thread_ = std::thread([this] { hub_.listen_after_bind(); });
-    cdn_thread_ = std::thread([this] { cdn_.listen_after_bind(); });
+    hub_thread_ = serveOnThread(hub_);
+    cdn_thread_ = serveOnThread(cdn_);
   }
 
   ~Impl() {

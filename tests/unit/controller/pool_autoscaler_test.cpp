@@ -26,6 +26,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/workload_status.h"
 #include "tests/support/apiserver/api_server.h"
+#include "tests/support/httplib_serving.h"
 #include "tests/support/test_helpers.h"
 #include "tests/unit/controller/controller_test_support.h"
 
@@ -374,7 +375,7 @@ TEST(PoolAutoscalerHelpers, PodsAreScrapedAtIpv4AndIpv6Addresses) {
     const int port = agent.bind_to_any_port(ip);
     if (port <= 0 && ip == "::1") GTEST_SKIP() << "no IPv6 loopback on this machine";
     ASSERT_GT(port, 0) << ip;
-    std::thread serving([&] { agent.listen_after_bind(); });
+    std::thread serving = tandem::testing::serveOnThread(agent);
     const json pod = {
         {"metadata", {{"name", "decode-0"}}},
         {"status", {{"podIP", ip}}},
