@@ -341,6 +341,9 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
         config_.speculative.disable_by_batch_size);
     spec_accepted_per_position_.assign(
         static_cast<size_t>(config_.speculative.num_speculative_tokens), 0);
+    // Published at 0 before the first step: the metrics' series exist from
+    // the first scrape.
+    stats_.spec_decode_accepted_per_position = spec_accepted_per_position_;
   }
   if (!simulated) {
     ModelRunnerOptions runner_options;
@@ -824,9 +827,9 @@ void Engine::abort(const std::string& request_id) {
   wake_.notify_one();
 }
 
-void Engine::askHandOver(const std::string& request_id) {
+void Engine::askHandOver(const std::string& request_id, bool hand_over) {
   std::lock_guard<std::mutex> lock(mutex_);
-  hand_over_asks_.push_back(request_id);
+  hand_over_asks_.emplace_back(request_id, hand_over);
   wake_.notify_one();
 }
 
@@ -926,7 +929,7 @@ void Engine::publishStats() {
 void Engine::drainInbox() {
   std::vector<Pending> inbox;
   std::vector<std::string> aborts;
-  std::vector<std::string> hand_over_asks;
+  std::vector<std::pair<std::string, bool>> hand_over_asks;
   std::vector<std::promise<KvSnapshot>> snapshots;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -951,13 +954,14 @@ void Engine::drainInbox() {
       dropHold(held);
     }
   }
-  for (const std::string& id : hand_over_asks) {
+  for (const auto& [id, hand_over] : hand_over_asks) {
     Sequence* sequence = scheduler_->find(id);
     if (sequence == nullptr || !sequence->request.can_hand_over ||
-        sequence->request.hand_over_on_drain) {
+        sequence->request.hand_over_on_drain == hand_over) {
       continue;
     }
-    sequence->request.hand_over_on_drain = true;
+    sequence->request.hand_over_on_drain = hand_over;
+    if (!hand_over) continue;  // withdrawn: it finishes here
     // Asked for after the drain's hand-over: handed over now.
     if (handed_over_) handOver({sequence});
   }

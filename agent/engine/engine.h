@@ -292,8 +292,11 @@ class Engine {
   // Asks for the live request `request_id` to be handed over as drain()
   // hands over (sets Request::hand_over_on_drain): at once when the engine
   // drains already, else when it does. Only a request that allows it
-  // (Request::can_hand_over); an unknown id is ignored. Any thread.
-  void askHandOver(const std::string& request_id);
+  // (Request::can_hand_over); an unknown id is ignored. With `hand_over`
+  // false the ask is withdrawn (the request finishes here as the engine
+  // drains: no agent is left to resume it); one handed over already stays
+  // so. Any thread.
+  void askHandOver(const std::string& request_id, bool hand_over = true);
 
   EngineStats stats() const;
   // Taken on the engine thread between steps, so it is consistent with the
@@ -484,7 +487,7 @@ class Engine {
   std::condition_variable wake_;
   std::vector<Pending> inbox_;
   std::vector<std::string> aborts_;
-  std::vector<std::string> hand_over_asks_;  // askHandOver(), for the loop
+  std::vector<std::pair<std::string, bool>> hand_over_asks_;  // askHandOver(), for the loop
   std::vector<std::promise<KvSnapshot>> snapshot_requests_;
   std::vector<std::pair<std::string, std::promise<bool>>> release_requests_;
   struct HoldRequest {

@@ -988,7 +988,17 @@ void HttpServer::routes() {
                                                "runs (its X-Request-Id), 1 to 512 characters",
                                                "request_id"));
         }
-        engine_.askHandOver(id->get<std::string>());
+        // "hand_over": false withdraws the ask (or the request's header):
+        // the router has no other agent to resume the stream on.
+        const auto hand_over = parsed.value().find("hand_over");
+        if (hand_over != parsed.value().end() && !hand_over->is_boolean()) {
+          return sendError(res, invalidRequest("hand_over must be true (hand the stream over "
+                                               "when draining, the default) or false (finish it "
+                                               "here)",
+                                               "hand_over"));
+        }
+        engine_.askHandOver(id->get<std::string>(),
+                            hand_over == parsed.value().end() || hand_over->get<bool>());
         res.status = 202;
         res.set_content(R"({"asked":true})", "application/json");
       },

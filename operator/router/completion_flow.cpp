@@ -40,6 +40,9 @@ constexpr std::chrono::milliseconds kRecheckInterval{100};
 
 // The most of a decode agent's refusal read to tell a drain's from others.
 constexpr size_t kMaxRefusalBytes = 16384;
+// A decode agent's 400 read to tell a refused transfer from the client's
+// error, then passed on whole.
+constexpr size_t kMaxTransferRefusalBytes = 1 << 20;
 
 // A 503 in OpenAI's error shape, with Retry-After.
 HttpResponse unavailable(const std::string& message) {
@@ -160,11 +163,12 @@ std::string holdBody(const protocol::Request& request, const std::string& kv_sec
   return hold.dump();
 }
 
-// A late ask that a stream be handed over (/admin/hand_over), signed as
-// /admin/drain is.
+// A late ask that a stream be handed over (/admin/hand_over), or with
+// `hand_over` false its withdrawal, signed as /admin/drain is.
 std::string handOverBody(const std::string& agent_request_id, const std::string& kv_secret,
-                         const AgentState& agent) {
+                         const AgentState& agent, bool hand_over = true) {
   json body = {{"request_id", agent_request_id}};
+  if (!hand_over) body["hand_over"] = false;
   if (!kv_secret.empty()) {
     kv_auth::signRequest(body, agent.instanceId(), "/admin/hand_over", kv_secret);
   }
@@ -173,9 +177,10 @@ std::string handOverBody(const std::string& agent_request_id, const std::string&
 
 std::string releaseBody(const json& params) { return json{{"kv_transfer_params", params}}.dump(); }
 
-// Sends a late hand-over ask; one that got no answer is cleared in `asked`
-// (made again at the stream's next look), a refusal (403: the agent has
-// another KV secret) is logged and stands.
+// Sends a late hand-over ask (or its withdrawal: `asked` null); an ask that
+// got no answer is cleared in `asked` (made again at the stream's next
+// look), a refusal (403: the agent has another KV secret) is logged and
+// stands.
 awaitable<void> askForHandOver(AgentEndpoint agent, std::string body, std::string request_id,
                                std::shared_ptr<std::atomic<bool>> asked) {
   const UpstreamResult result =
@@ -186,7 +191,7 @@ awaitable<void> askForHandOver(AgentEndpoint agent, std::string body, std::strin
                     << (result.status == 0 ? result.error
                                            : "status " + std::to_string(result.status) + " " +
                                                  result.body.substr(0, 200));
-  if (result.status == 0) asked->store(false);
+  if (result.status == 0 && asked) asked->store(false);
 }
 
 // The body's kv_transfer_params: read `lent` (a lender's descriptor) first.
@@ -564,7 +569,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   const uint64_t logged = decisions_.record(input, decision, policyName(chooser_.options().policy));
   if (!decision.decode) {
     metrics_.countDecision("rejected");
-    co_await exchange.respond(unavailable("no healthy decode agent"));
+    // A request for an adapter says so: other decode agents may serve the
+    // base model. (Built before the co_await: GCC 12.)
+    const std::string message =
+        request.adapter.empty()
+            ? std::string("no healthy decode agent")
+            : "no healthy decode agent serves the LoRA adapter \"" + request.adapter + "\"";
+    co_await exchange.respond(unavailable(message));
     co_return;
   }
 
@@ -573,9 +584,10 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   for (size_t i = 0; i < decode_agents.size(); ++i) {
     if (i != *decision.decode && input.decode[i].healthy) decode_order.push_back(i);
   }
-  bool retried = false;     // not run as decided: sent again, or moved mid-stream
-  bool resent = false;      // sent again from its start (a failure before it began)
-  bool left_first = false;  // an attempt after the first was made
+  bool retried = false;           // not run as decided: sent again, or moved mid-stream
+  bool resent = false;            // sent again from its start (a failure before it began)
+  bool left_first = false;        // an attempt after the first was made
+  bool transfer_refused = false;  // a decode agent could not read the KV arranged for it
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
   // A prefix the decision reads from a lender (pull-back): asked for once,
@@ -699,7 +711,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       }
     }
     Handoff handoff;
-    if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated) {
+    if (attempt == 0 && decision.kind == Decision::Kind::kDisaggregated && !transfer_refused) {
       handoff = co_await prefillOn(exchange, body, request, prefill_agents, input, decision, lent,
                                    std::move(prefill_reservation), hashes, *client.stop);
       if (handoff.params.is_null()) {
@@ -767,6 +779,19 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     DecodeOutcome outcome = co_await decodeOn(exchange, body, streaming, decode, handoff, label,
                                               arrival, decode_reservation, prediction,
                                               splice ? &*splice : nullptr, movable, client);
+    if (outcome == DecodeOutcome::kTransferRefused) {
+      // The agent cannot read what was held for it: that goes back now,
+      // and the same agent prefills the prompt itself (once: nothing is
+      // transferred to it then).
+      if (!handoff.params.is_null()) co_await release(handoff);
+      co_await releaseLend();
+      body.erase("kv_transfer_params");
+      transfer_refused = true;
+      retried = resent = true;
+      metrics_.countTransferRefused();
+      --attempt;  // the loop's increment makes it this agent again
+      continue;
+    }
     if (outcome == DecodeOutcome::kRefused) {
       // Its answer went to the client as it came; the agent read no KV, so
       // what was held for it is let go now, not at the holders' timeouts.
@@ -1170,27 +1195,60 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
   const int status = static_cast<int>(parser->get().result_int());
+  // A refusal's body, read whole (up to `limit` bytes).
+  auto readRefusal = [&](size_t limit) -> awaitable<std::string> {
+    std::string refusal;
+    char chunk[4096];
+    while (!parser->is_done() && refusal.size() < limit) {
+      parser->get().body().data = chunk;
+      parser->get().body().size = sizeof chunk;
+      boost::system::error_code ec;
+      co_await http::async_read_some(upstream, buffer, *parser,
+                                     asio::redirect_error(use_awaitable, ec));
+      if (ec && ec != http::error::need_buffer) break;
+      refusal.append(chunk, sizeof chunk - parser->get().body().size);
+    }
+    co_return refusal;
+  };
   if (agentFailed(status)) {
     metrics_.countUpstreamError(decode->endpoint.name);
     // A drain's refusal (503, "the agent is draining: ..."): the agents
     // that replace it may come, and the caller waits for them.
     bool draining = false;
     if (status == 503) {
-      std::string refusal;
-      char chunk[4096];
-      while (!parser->is_done() && refusal.size() < kMaxRefusalBytes) {
-        parser->get().body().data = chunk;
-        parser->get().body().size = sizeof chunk;
-        boost::system::error_code ec;
-        co_await http::async_read_some(upstream, buffer, *parser,
-                                       asio::redirect_error(use_awaitable, ec));
-        if (ec && ec != http::error::need_buffer) break;
-        refusal.append(chunk, sizeof chunk - parser->get().body().size);
-      }
+      const std::string refusal = co_await readRefusal(kMaxRefusalBytes);
       draining = refusal.find("the agent is draining") != std::string::npos;
     }
     leave_to_agent.answered = true;
     co_return draining ? DecodeOutcome::kRefusedDraining : DecodeOutcome::kFailedBeforeStart;
+  }
+  // A transfer this router arranged that the agent cannot take (a 400
+  // naming kv_transfer_params: pools that store KV differently, as while a
+  // rollout changes one pool's kvDtype or block size) is not the client's
+  // error: the caller prefills on this agent instead. Any other 400 is the
+  // client's, passed on whole.
+  if (status == 400 && !client.started &&
+      request_body.find("\"kv_transfer_params\"") != std::string::npos) {
+    const std::string refusal = co_await readRefusal(kMaxTransferRefusalBytes);
+    leave_to_agent.answered = true;
+    const json answer = parseJsonOrDiscarded(refusal);
+    const json* param = nullptr;
+    if (answer.is_object() && answer.contains("error") && answer["error"].is_object() &&
+        answer["error"].contains("param")) {
+      param = &answer["error"]["param"];
+    }
+    if (param != nullptr && param->is_string() &&
+        param->get_ref<const std::string&>().starts_with("kv_transfer_params")) {
+      TANDEM_LOG(kWarn) << "router: " << decode->endpoint.name
+                        << " refused the KV transfer arranged for request " << exchange.request().id
+                        << " (" << answer["error"].value("message", std::string())
+                        << "): it prefills the prompt itself";
+      co_return DecodeOutcome::kTransferRefused;
+    }
+    server::HttpResponse passed = server::httpJsonResponse(status, refusal);
+    for (auto& [name, value] : headers) passed.set_header(name, value);
+    co_await exchange.respond(std::move(passed));
+    co_return DecodeOutcome::kRefused;
   }
   std::string content_type(parser->get()[http::field::content_type]);
   if (content_type.empty()) content_type = "application/json";
@@ -1241,8 +1299,30 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       if (ec && ec != http::error::need_buffer) throw boost::system::system_error(ec);
       const size_t n = sizeof chunk - parser->get().body().size;
       if (n == 0) continue;
-      if (spliced && !hand_over_asked->load() && !agent_request_id.empty() &&
-          (!decode->healthy || !decode->listed) && Clock::now() >= next_hand_over_check) {
+      if (spliced && hand_over_asked->load() && !agent_request_id.empty() &&
+          Clock::now() >= next_hand_over_check) {
+        // Asked to hand the stream over, but no agent could resume it now
+        // (the others of its model are draining or gone, as when a
+        // rollout replaces them with another model's): the ask is
+        // withdrawn, so that this agent finishes the stream as it drains
+        // instead of handing it to nobody. Asked again (below) should one
+        // come while this one is unhealthy.
+        next_hand_over_check = Clock::now() + kRecheckInterval;
+        if (!movable()) {
+          hand_over_asked->store(false);
+          TANDEM_LOG(kInfo) << "router: request " << exchange.request().id << ": asking "
+                            << decode->endpoint.name
+                            << " to finish its stream rather than hand it over: no other decode "
+                               "agent of its model can resume it now";
+          asio::co_spawn(co_await asio::this_coro::executor,
+                         askForHandOver(decode->endpoint,
+                                        handOverBody(agent_request_id, kv_secret_, *decode,
+                                                     /*hand_over=*/false),
+                                        exchange.request().id, nullptr),
+                         asio::detached);
+        }
+      } else if (spliced && !hand_over_asked->load() && !agent_request_id.empty() &&
+                 (!decode->healthy || !decode->listed) && Clock::now() >= next_hand_over_check) {
         next_hand_over_check = Clock::now() + kRecheckInterval;
         if (movable()) {
           hand_over_asked->store(true);

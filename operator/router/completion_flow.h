@@ -93,6 +93,7 @@ class CompletionFlow {
     kRefused,            // the decode agent refused the request (4xx, passed through)
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
     kRefusedDraining,    // the same, refused by a draining agent (503)
+    kTransferRefused,    // the agent cannot read the KV arranged for it (400 kv_transfer_params)
     kBrokenAfterStart,   // the decode agent failed mid-answer
     kStalled,            // mid-answer, nothing came for the upstream timeout
     kHandedOver,         // mid-answer, the draining agent handed the stream over

@@ -80,6 +80,14 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
                     "(nothing was).")
                 .Register(*registry_);
   for (const char* outcome : {"full", "short", "refused"}) lends_->Add({{"outcome", outcome}});
+  transfer_refusals_ =
+      &BuildCounter()
+           .Name("tandem_router_transfer_refusals_total")
+           .Help(
+               "KV transfers the router arranged that the decode agent refused (400 naming "
+               "kv_transfer_params: pools storing KV differently); the agent prefilled itself.")
+           .Register(*registry_);
+  transfer_refusals_->Add({});
   migrations_ = &BuildCounter()
                      .Name("tandem_router_migrations_total")
                      .Help(
@@ -235,6 +243,11 @@ void RouterMetrics::countUpstreamError(const std::string& agent) {
 void RouterMetrics::countLend(const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mutex_);
   lends_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::countTransferRefused() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  transfer_refusals_->Add({}).Increment();
 }
 
 void RouterMetrics::countMigration(const std::string& reason, const std::string& outcome) {

@@ -49,6 +49,10 @@ class RouterMetrics {
   // prefix the decision counted on), short (less: blocks the router expected
   // were not stored yet, or were evicted), refused (nothing pinned).
   void countLend(const std::string& outcome);
+  // A decode agent's refusal of a KV transfer the router arranged for it
+  // (a 400 naming kv_transfer_params): the agent prefilled itself. The log
+  // names the agent.
+  void countTransferRefused();
   // A stream that left its decode agent after it began, by reason (failure,
   // stall, drain, error) and outcome: resumed (sent on to the next decode agent
   // with the tokens so far), exhausted (no agent or migration left: the
@@ -103,6 +107,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* upstream_errors_;
   prometheus::Family<prometheus::Counter>* lends_;
+  prometheus::Family<prometheus::Counter>* transfer_refusals_;
   prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* migration_prefixes_;
   prometheus::Family<prometheus::Counter>* migration_tokens_;

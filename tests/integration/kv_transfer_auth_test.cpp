@@ -185,6 +185,11 @@ TEST(KvTransferAuth, AHandOverAskIsSignedAndNamesItsField) {
     EXPECT_EQ(status, 400) << answer.dump();
     expectError(answer, "request_id must be the id of a stream this agent runs", "request_id");
   }
+  answer = open.post(kHandOver, {{"request_id", "nobody"}, {"hand_over", "no"}}, &status);
+  EXPECT_EQ(status, 400) << answer.dump();
+  expectError(answer, "hand_over must be true", "hand_over");
+  answer = open.post(kHandOver, {{"request_id", "nobody"}, {"hand_over", false}}, &status);
+  EXPECT_EQ(status, 202) << "a withdrawal: " << answer.dump();
   answer = open.post(kHandOver, {{"request_id", "nobody"}}, &status);
   EXPECT_EQ(status, 202) << answer.dump();
   const std::vector<int> prompt = randomPrompt(20, 72);

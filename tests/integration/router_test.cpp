@@ -30,6 +30,7 @@
 #include "common/loopback_socket.h"
 #include "common/tokenizer.h"
 #include "tests/support/drain_checks.h"
+#include "tests/support/httplib_serving.h"
 #include "tests/support/router_cluster.h"
 
 namespace {
@@ -236,7 +237,7 @@ class RouterOverAFakeAgent {
     config.poll_interval_s = 0.1;
     for (httplib::Server* fake : fakes_) {
       const int port = fake->bind_to_any_port("127.0.0.1");
-      serving_.emplace_back([fake] { fake->listen_after_bind(); });
+      serving_.push_back(serveOnThread(*fake));
       config.decode.push_back(
           {"decode-" + std::to_string(config.decode.size()), "127.0.0.1", port});
     }
@@ -632,6 +633,38 @@ TEST(RouterAgentKey, ARouterTheAgentsRefuseSaysWhy) {
   EXPECT_EQ(res->status, 503);
   EXPECT_NE(res->body.find("no agent is ready yet: " + why), std::string::npos) << res->body;
   router.stop(1.0);
+}
+
+// Pools that store KV differently (here the block size; a kvDtype works
+// the same), as while a rollout changes one pool's: the decode agent
+// refuses the transfer (400 naming kv_transfer_params), and the router
+// falls back to prefilling there, as the docs say, releasing the prefill
+// agent's hold. Before, the client got that 400, about a field it never
+// sent, for every disaggregated request.
+TEST_F(RouterTest, ADecodeAgentThatCannotReadTheTransferPrefillsItself) {
+  RouterClusterOptions options;
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{"--block-size", "32"} : std::vector<std::string>{};
+  };
+  startCluster(options);
+  Agent colocated;
+  for (bool stream : {false, true}) {
+    json body = greedy(randomPrompt(70, 903 + (stream ? 1 : 0)), 6);
+    const json expected = colocated.post("/v1/completions", body);
+    if (stream) {
+      EXPECT_EQ(streamedTokens(body), tokenIds(expected));
+      continue;
+    }
+    const Answer answer = post(body);
+    EXPECT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decision, "local_prefill");
+    EXPECT_EQ(tokenIds(answer.body), tokenIds(expected));
+  }
+  EXPECT_EQ(routerMetric("tandem_router_transfer_refusals_total"), 2);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), 2);
+  EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }))
+      << "the prefill agent's holds were released";
 }
 
 // A constrained request through the router: prefilled on the prefill agent
@@ -1527,6 +1560,57 @@ TEST_F(RouterTest, ADrainedDecodeAgentHandsItsStreamsOverWithTheirKv) {
   expectDrainMigrations(routerMetrics(), 2, streams_s);
 }
 
+// Streams asked at their start to be handed over (another decode agent
+// could resume them then) whose agent drains after every other agent left
+// (as a rollout to another model replaces the old agents one by one; here
+// the other leaves the router's list): the
+// router withdraws the ask once no agent could resume them, and the agent
+// finishes them as it drains, each equal to an undisturbed stream. Before,
+// the agent handed them to nobody, and each client got an error event after
+// the router's migration timeout.
+TEST_F(RouterTest, AStreamNobodyCouldResumeIsFinishedByItsDrainingAgent) {
+  RouterClusterOptions options;
+  options.decodes = 2;
+  options.policy = Policy::kRoundRobin;
+  options.model = smallModelDir();
+  options.migration_timeout_s = 5;
+  startCluster(options);
+  const std::vector<json> bodies = streamBodies(2, 510, 300);
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
+  Agent& first = *decode_[0];
+  Agent& second = *decode_[1];
+  bool drained = false;
+  std::thread drainer([&] {
+    // One stream on each agent, both begun while the other agent was fit.
+    if (!eventually([&] {
+          return first.metric("tandem_num_requests_running") >= 1 &&
+                 second.metric("tandem_num_requests_running") >= 1;
+        })) {
+      return;
+    }
+    // The second leaves the router's list (its stream runs on there): the
+    // first's stream has no agent left to move to.
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-0", "127.0.0.1", first.port()}});
+    // The router looks at a stream's agent every 100 ms as its tokens come.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    auto res = first.client()->Post("/admin/drain", "{}", "application/json");
+    drained = res && res->status == 202;
+  });
+  for (auto& client : clients) client.join();
+  drainer.join();
+  ASSERT_TRUE(drained) << "the streams never ran on both agents";
+  expectSameStreams(streams, undisturbed);
+  ChildProcess& process = first.process();
+  EXPECT_EQ(process.wait(std::chrono::seconds(60)), 0) << process.stderrText();
+  const std::string log = process.stderrText();
+  EXPECT_EQ(log.find("were not read"), std::string::npos) << log;
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"drain\""), 0);
+}
+
 // The only decode agent, drained while streams run on it: nobody could
 // resume them, so the router does not ask for them to be handed over and
 // the agent finishes them before it exits (its --shutdown-timeout), each
@@ -2290,6 +2374,14 @@ TEST_F(RouterTest, ADecodePoolThatSpeculatesAnswersAsOneThatDoesNot) {
                          R"("prompt_lookup_max":4})"};
   };
   startCluster(options);
+  // The series exist at 0 before any request (a fresh pod's dashboards see
+  // 0, not "no data"); before, they appeared with the first step.
+  const std::string fresh = decode_[0]->metricsText();
+  EXPECT_EQ(prometheusSample(fresh, "tandem_spec_decode_num_drafts_total"), 0.0) << fresh;
+  EXPECT_EQ(prometheusSample(fresh, "tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                             "position=\"4\""),
+            0.0)
+      << fresh;
   Agent colocated;
   // Prompts that repeat themselves, so that their own n-grams predict them.
   auto repeating = [](uint32_t seed) {
