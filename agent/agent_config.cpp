@@ -622,8 +622,9 @@ void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::s
     Value value;
     if (option->count() > 0) {
       name = spec.flag();
-      value = spec.kind == OptionKind::kFlag ? checkText(spec, name, "true")
-                                             : checkText(spec, name, option->results().back());
+      // A flag given bare reads "true"; --flag=false reads "false" (and
+      // anything but those two is refused, as in the file).
+      value = checkText(spec, name, option->results().back());
     } else if (auto it = entries.find(spec.key); it != entries.end()) {
       name = config_path + ": " + it->second.first;
       value = checkYaml(spec, name, it->second.second);

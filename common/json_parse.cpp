@@ -263,11 +263,19 @@ StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view
   JsonParseError error;
   std::optional<nlohmann::json> parsed = parseJson(text, error);
   if (!parsed) {
+    // nlohmann ends a syntax error with the token it last read, which may be
+    // a secret's unterminated string: the position says where instead.
+    std::string detail = error.detail;
+    if (const size_t last_read = detail.find("; last read: "); last_read != detail.npos) {
+      detail.erase(last_read);
+    }
+    if (detail.starts_with("number overflow parsing ")) detail = "a number is out of range";
     const std::string where = error.byte > 0 ? " (byte " + std::to_string(error.byte) + ")" : "";
-    return invalidArgument(std::string(what) + " is not valid JSON" + where + ": " + error.detail);
+    return invalidArgument(std::string(what) + " is not valid JSON" + where + ": " + detail);
   }
   if (!parsed->is_object()) {
-    return invalidArgument(std::string(what) + " must be a JSON object, got: " + std::string(text));
+    return invalidArgument(std::string(what) + " must be a JSON object, got " +
+                           std::string(parsed->type_name()));
   }
   return std::move(*parsed);
 }

@@ -72,7 +72,9 @@ std::optional<nlohmann::ordered_json> parseOrderedJson(std::string_view text, Js
 
 // A configuration option's JSON object (--kv-transfer-config, ...), named
 // `what` in the errors: InvalidArgument "<what> is not valid JSON (byte N):
-// <detail>" or "<what> must be a JSON object, got: <text>".
+// <detail>" or "<what> must be a JSON object, got <type>". No part of the
+// text is shown (an option may carry a secret): `detail` leaves out the
+// token nlohmann last read and the digits of a number out of range.
 StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view what);
 
 // For answers of peers the caller only inspects: the value, or a discarded

@@ -30,6 +30,7 @@
 #include "common/http/http_connection.h"
 #include "common/http/http_limits.h"
 #include "common/logging.h"
+#include "common/protocol/chat_template.h"
 #include "common/status.h"
 #include "operator/cli_number.h"
 #include "operator/controller/controller_command.h"
@@ -50,8 +51,8 @@ using tandem::spec::AgentAddress;
 using tandem::spec::RouterSpec;
 
 // An HTTP limit's flag accepts what the agent's accepts (http_limits.h).
-CLI::Range httpRange(const tandem::server::HttpLimitRange& range) {
-  return CLI::Range(range.min, range.max);
+CLI::Validator httpRange(const tandem::server::HttpLimitRange& range) {
+  return tandem::integerIn(range.min, range.max);
 }
 
 std::vector<AgentEndpoint> toEndpoints(const std::vector<AgentAddress>& agents) {
@@ -178,7 +179,7 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
   local->add_option("-f,--file", flags.file, "cluster file (PrefillPool, DecodePool, Router)")
       ->required();
   local->add_option("--port", flags.port, "router port (overrides the file; 0: a free one)")
-      ->check(CLI::Range(0, 65535));
+      ->check(tandem::integerIn(0, 65535));
   local
       ->add_option("--policy", flags.policy,
                    "routing policy: kv, round_robin, random, dynamo, llm_d or sglang")
@@ -206,7 +207,7 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
       ->add_option("--liveness-failures", flags.liveness_failures,
                    "failed /health probes in a row (no answer, or a 503 other than a drain's) "
                    "after which a ready agent is killed and restarted (0: never)")
-      ->check(CLI::Range(0, 1000))
+      ->check(tandem::integerIn(0, 1000))
       ->capture_default_str();
   local
       ->add_option("--restart-backoff", flags.restart_backoff_s,
@@ -221,13 +222,13 @@ CLI::App* addLocalCommand(CLI::App& app, LocalFlags& flags) {
   local
       ->add_option("--planner-interval", flags.planner_interval_s,
                    "seconds between the SLA planner's rounds for pools with spec.autoscaling")
-      ->check(CLI::Range(0.05, 3600.0))
+      ->check(tandem::numberIn(0.05, false, 3600))
       ->capture_default_str();
   local
       ->add_option("--metrics-port", flags.metrics_port,
                    "serve GET /metrics (the planner's metrics, replicas and agents per pool) on "
                    "127.0.0.1:PORT; 0: a free one (default: not served)")
-      ->check(CLI::Range(0, 65535));
+      ->check(tandem::integerIn(0, 65535));
   local->add_option("--model-cache", flags.model_cache,
                     "where hf:// model sources are fetched to (default: TANDEM_MODEL_CACHE, "
                     "else $XDG_CACHE_HOME/tandem, else ~/.cache/tandem)");
@@ -361,7 +362,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                       "YAML file with one Router document (flags override it)");
   command->add_option("--host", flags.host, "address to listen on (default " + defaults.host + ")");
   command->add_option("--port", flags.port, "port (0: any free port; default 8000)")
-      ->check(CLI::Range(0, 65535));
+      ->check(tandem::integerIn(0, 65535));
   command
       ->add_option("--policy", flags.policy,
                    "kv, round_robin, random, dynamo, llm_d or sglang (default kv)")
@@ -375,13 +376,13 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "within this (default " +
                        std::to_string(static_cast<int>(defaults.itl_target_s * 1000)) + ")")
       ->check(tandem::numberIn(0, true, tandem::spec::kMaxSeconds * 1000));
-  command->add_option("--seed", flags.seed,
-                      "seed of the policies' random tie-breaking (default 1)");
+  command->add_option("--seed", flags.seed, "seed of the policies' random tie-breaking (default 1)")
+      ->check(tandem::integerIn(0));
   command
       ->add_option("--debug-decisions", flags.debug_decisions,
                    "recent decisions GET /debug/decisions keeps (0: off; default " +
                        std::to_string(defaults.debug_decisions) + ")")
-      ->check(CLI::Range(0, 100000));
+      ->check(tandem::integerIn(0, 100000));
   command->add_option("--prefill", flags.prefill,
                       "a prefill agent, NAME=HOST:PORT or HOST:PORT (repeatable)");
   command->add_option("--decode", flags.decode,
@@ -391,7 +392,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
                    "prefill on the decode agent only when fewer uncached prompt tokens "
                    "(default: the kv policy by its ITL target alone, the others " +
                        std::to_string(tandem::router::kDefaultDisaggThresholdTokens) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tandem::integerIn(0));
   command->add_option("--pull-back", flags.pull_back,
                       "let a decode agent lend its cached prefix to the prefill agent "
                       "(true/false, default true)");
@@ -399,12 +400,12 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->add_option("--max-queued-requests", flags.max_queued_requests,
                    "requests waiting for an upstream slot before 503 (default " +
                        std::to_string(defaults.max_queued_requests) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tandem::integerIn(0));
   command
       ->add_option("--max-inflight-requests", flags.max_inflight_requests,
                    "requests sent upstream at once (default " +
                        std::to_string(defaults.max_inflight_requests) + ")")
-      ->check(CLI::PositiveNumber);
+      ->check(tandem::integerIn(1));
   command
       ->add_option("--upstream-timeout", flags.upstream_timeout_s,
                    "seconds an upstream call may take (default 600)")
@@ -412,19 +413,19 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
   command
       ->add_option("--max-migrations", flags.max_migrations,
                    "times one stream may move to another decode agent (default 3; 0: never)")
-      ->check(CLI::Range(0, 100));
+      ->check(tandem::integerIn(0, 100));
   command
       ->add_option("--migration-timeout", flags.migration_timeout_s,
                    "seconds after a stream first broke during which it may still move (default "
                    "60)")
       ->check(tandem::positiveSeconds());
   command->add_option("--threads", flags.threads, "I/O threads (default 2)")
-      ->check(CLI::Range(1, 256));
+      ->check(tandem::integerIn(1, 256));
   command
       ->add_option("--worker-threads", flags.worker_threads,
                    "threads that parse, tokenize and render requests (default " +
                        std::to_string(defaults.worker_threads) + ")")
-      ->check(CLI::Range(1, 256));
+      ->check(tandem::integerIn(1, 256));
   // The per-connection limits, named and defaulted as the agents' (HTTP
   // limits in docs/configuration.md).
   command
@@ -495,7 +496,7 @@ CLI::App* addRouterCommand(CLI::App& app, RouterFlags& flags) {
       ->add_option("--drain-delay", flags.drain_delay_s,
                    "seconds after SIGTERM during which the router still accepts requests while "
                    "/health answers 503 draining, so that load balancers stop sending first")
-      ->check(CLI::Range(0.0, 600.0))
+      ->check(tandem::numberIn(0, false, 600))
       ->capture_default_str();
   command->add_flag("--discover", flags.discover,
                     "find agents in a Kubernetes cluster: the ready endpoints of the "
@@ -567,6 +568,13 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
     applyRouterSpec(tandem::spec::loadRouterSpec(flags.config_path), flags.config_path, config);
   }
   auto given = [&](const char* name) { return command.get_option(name)->count() > 0; };
+  // An empty key given is refused, as the agent refuses it: taken as none,
+  // it left the router open (--api-key "$UNSET").
+  for (const char* key_flag : {"--api-key", "--agent-api-key"}) {
+    if (given(key_flag) && command.get_option(key_flag)->as<std::string>().empty()) {
+      throw Error(std::string(key_flag) + " must be a non-empty string, got an empty string");
+    }
+  }
   config.api_key = tandem::server::apiKeyFrom(flags.api_key);
   config.api_key_exempt =
       tandem::server::parseApiKeyExemptPaths(flags.api_key_exempt_paths, "--api-key-exempt-paths");
@@ -612,6 +620,15 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   if (given("--max-connections")) config.http.max_connections = flags.max_connections;
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--chat-template")) config.chat_template = flags.chat_template;
+  // Checked now, as an agent checks it at start: it is used only once an
+  // agent names the model, and a missing or broken file then left the
+  // router answering every request "no agent is ready yet".
+  if (!config.chat_template.empty()) {
+    if (tandem::Status checked = tandem::server::ChatTemplate::checkFile(config.chat_template);
+        !checked.isOk()) {
+      throw Error("--chat-template: " + checked.message());
+    }
+  }
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;
   checkDiscoveryFlags(flags, config);
 

@@ -52,9 +52,13 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
   // Named, never shown: the value is a credential.
   if (auto secret = config.extra.find("secret");
       secret != config.extra.end() &&
-      (!secret->is_string() || secret->get<std::string>().empty())) {
+      (!secret->is_string() || secret->get<std::string>().empty() ||
+       secret->get<std::string>().find('\0') != std::string::npos)) {
+    // A NUL ends an environment variable's value, where the secret travels
+    // too (TANDEM_KV_SECRET, local mode's and Kubernetes' agents).
     return invalidArgument("kv-transfer-config: " + field +
-                           "kv_connector_extra_config.secret must be a non-empty string");
+                           "kv_connector_extra_config.secret must be a non-empty string without "
+                           "NUL characters");
   }
   if (config.extra.contains("kv_load_failure_policy")) {
     const auto& policy = config.extra["kv_load_failure_policy"];

@@ -88,6 +88,13 @@ StatusOr<std::shared_ptr<const ChatTemplate>> ChatTemplate::load(
   return create(std::move(sources), tokenizer.specialTokensMap());
 }
 
+Status ChatTemplate::checkFile(const std::filesystem::path& file) {
+  auto text = readTemplateFile(file);
+  if (!text.isOk()) return text.status();
+  return create({{"default", std::move(*text), file.string()}}, nlohmann::ordered_json::object())
+      .status();
+}
+
 std::string ChatTemplate::noTemplateMessage() {
   return "this model has no chat template (tokenizer_config.json has no chat_template and the "
          "model directory has no chat_template.jinja or chat_template.json); start the server with "

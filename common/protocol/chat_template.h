@@ -75,6 +75,11 @@ class ChatTemplate {
   static StatusOr<std::shared_ptr<const ChatTemplate>> load(
       const Tokenizer& tokenizer, const std::filesystem::path& override_file = {});
 
+  // Reads and parses a --chat-template file alone, for a process that loads
+  // it with a tokenizer only later (the router, once an agent names the
+  // model): what load() would refuse about the file, named as it names it.
+  static Status checkFile(const std::filesystem::path& file);
+
   bool hasTemplate() const { return !templates_.empty(); }
   // vLLM's "auto" content format, decided from the template text: kOpenAi
   // when the template loops over a message's content, else kString.

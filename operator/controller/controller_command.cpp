@@ -27,7 +27,7 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
   command->add_flag("--all-namespaces,-A", flags.all_namespaces, "watch every namespace")
       ->excludes(ns);
   command->add_option("--workers", flags.workers, "reconcile worker threads")
-      ->check(CLI::Range(1, 64))
+      ->check(integerIn(1, 64))
       ->capture_default_str();
   command->add_flag("--leader-elect", flags.leader_elect,
                     "run only while holding a coordination.k8s.io Lease (for several replicas)");
@@ -54,7 +54,7 @@ CLI::App* addControllerCommand(CLI::App& app, ControllerFlags& flags) {
       ->add_option("--metrics-host", flags.metrics_host, "address of /metrics, /healthz, /readyz")
       ->capture_default_str();
   command->add_option("--metrics-port", flags.metrics_port, "port of /metrics (0: none)")
-      ->check(CLI::Range(0, 65535))
+      ->check(integerIn(0, 65535))
       ->capture_default_str();
   command->add_option("--default-agent-image", flags.default_agent_image,
                       "agent image for pools without spec.image");

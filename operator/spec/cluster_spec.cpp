@@ -122,6 +122,14 @@ void requireSecretText(const nlohmann::json& extra, const YAML::Node& node, cons
          "type; the value is not shown)",
          node["secret"]);
   }
+  // The agent gets it in its environment, where a NUL ends the value: a
+  // secret starting with one reached the agents as none at all.
+  if (secret != extra.end() && secret->get<std::string>().find('\0') != std::string::npos) {
+    fail(context, path + ".secret",
+         "must not contain a NUL character (\\0): it reaches the agents in their environment, "
+         "where a NUL ends it (the value is not shown)",
+         node["secret"]);
+  }
 }
 
 KvTransferSpec readKvTransfer(const YAML::Node& node, PoolKind kind,

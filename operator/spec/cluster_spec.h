@@ -31,6 +31,9 @@ inline constexpr double kMaxSeconds = 86400;
 // What a number field or flag accepts, for its refusal: "a number greater
 // than 0 and at most 86400" (no upper part for an infinite max).
 std::string numberRangeText(double min, bool min_exclusive, double max);
+// The same for an integer: "an integer between 1 and 256", "a positive
+// integer" (max: int64's largest, no upper part).
+std::string integerRangeText(int64_t min, int64_t max);
 
 inline constexpr const char* kApiVersion = "tandem.dev/v1alpha1";
 

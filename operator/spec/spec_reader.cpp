@@ -27,7 +27,9 @@ std::string joined(const std::vector<std::string>& items, const std::string& las
   return text;
 }
 
-std::string rangeText(int64_t min, int64_t max) {
+}  // namespace
+
+std::string integerRangeText(int64_t min, int64_t max) {
   if (max == kNoMax) {
     if (min == 0) return "a non-negative integer";
     if (min == 1) return "a positive integer";
@@ -35,8 +37,6 @@ std::string rangeText(int64_t min, int64_t max) {
   }
   return "an integer between " + std::to_string(min) + " and " + std::to_string(max);
 }
-
-}  // namespace
 
 FieldPathRecorder::FieldPathRecorder(std::vector<std::string>& paths) { field_collector = &paths; }
 
@@ -120,7 +120,7 @@ int64_t readInteger(const YAML::Node& node, const std::string& path, const Docum
   int64_t value = 0;
   bool ok = isPlain(node) && YAML::convert<int64_t>::decode(node, value);
   if (!ok || value < min || value > max) {
-    std::string accepted = rangeText(min, max);
+    std::string accepted = integerRangeText(min, max);
     // An integer past int64 reads as no integer at all: say which ones are.
     if (!ok && max == kNoMax && isPlain(node) && isDecimalInteger(node.Scalar()) &&
         !node.Scalar().starts_with('-')) {

@@ -350,21 +350,91 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
       "timeout 30 " + bin("tandem-agent") + " serve --model '" + model.string() + "' --port 0 ";
   for (const auto& [flag, value, range] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"--max-header-bytes", "1", "1024 to 1048576"},
-           {"--max-body-bytes", "0", "1024 to 4294967296"},
-           {"--request-timeout", "7200", "1 to 3600"},
-           {"--max-large-requests", "2000", "1 to 1024"},
-           {"--max-connections", "-1", "0 to 1048576"}}) {
+           {"--max-header-bytes", "1", "1024 and 1048576"},
+           {"--max-body-bytes", "0", "1024 and 4294967296"},
+           {"--request-timeout", "7200", "1 and 3600"},
+           {"--max-large-requests", "2000", "1 and 1024"},
+           {"--max-connections", "-1", "0 and 1048576"},
+           // Decimal only, as the agent's (CLI11's conversion read hex).
+           {"--request-timeout", "0x10", "1 and 3600"},
+           {"--max-large-requests", "5x", "1 and 1024"}}) {
+    const bool integer = value.find_first_not_of("-0123456789") == std::string::npos;
+    const std::string words =
+        "must be an integer between " + range + ", got " + (integer ? value : "\"" + value + "\"");
     CommandResult refused = run(router + flag + " " + value);
     EXPECT_NE(refused.exit_code, 0) << flag;
-    EXPECT_NE(refused.err.find(flag + ": Value " + value + " not in range " + range),
-              std::string::npos)
-        << refused.err;
+    EXPECT_NE(refused.err.find(flag + ": " + words), std::string::npos) << refused.err;
     CommandResult agent_refused = run(agent + flag + " " + value);
     EXPECT_EQ(agent_refused.exit_code, 1) << flag;
-    EXPECT_NE(agent_refused.err.find(flag + " must be an integer between"), std::string::npos)
-        << agent_refused.err;
+    EXPECT_NE(agent_refused.err.find(flag + " " + words), std::string::npos) << agent_refused.err;
   }
+}
+
+// The router's other number flags are checked as its file's fields are:
+// ranges enforced (a seed of -1 or a queue bound past int64 started), NaN
+// refused (a planner interval of nan spun the planner), decimal only.
+TEST_F(CliTest, TheRoutersNumberFlagsAreCheckedAsItsFilesFields) {
+  const std::string router =
+      "timeout 10 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
+  for (const auto& [flag, value, words] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--seed", "-1", "must be a non-negative integer"},
+           {"--max-inflight-requests", "18446744073709551616", "must be a positive integer"},
+           {"--max-queued-requests", "", "must be a non-negative integer"},
+           {"--disagg-threshold-tokens", "1.5", "must be a non-negative integer"},
+           {"--port", "0x10", "must be an integer between 0 and 65535"},
+           {"--port", "++5", "must be an integer between 0 and 65535"},
+           {"--drain-delay", "nan", "must be a number of at least 0 and at most 600"},
+           {"--upstream-timeout", "1e400", "must be a number greater than 0 and at most 86400"},
+           {"--upstream-timeout", "0x10", "must be a number greater than 0 and at most 86400"}}) {
+    SCOPED_TRACE(flag + " " + value);
+    CommandResult refused = run(router + flag + " '" + value + "'");
+    EXPECT_NE(refused.exit_code, 0);
+    // Integers that are no integers are quoted, as the agent quotes them.
+    const bool quoted =
+        words.find("integer") != std::string::npos &&
+        (value.empty() || value.find_first_not_of("-0123456789") != std::string::npos);
+    EXPECT_NE(
+        refused.err.find(flag + ": " + words + ", got " + (quoted ? "\"" + value + "\"" : value)),
+        std::string::npos)
+        << refused.err;
+  }
+  // An empty key is refused, as the agent refuses it; taken as none, it left
+  // the router open.
+  for (const std::string flag : {"--api-key", "--agent-api-key"}) {
+    CommandResult refused = run(router + flag + " ''");
+    EXPECT_EQ(refused.exit_code, 1) << refused.err;
+    EXPECT_NE(refused.err.find(flag + " must be a non-empty string, got an empty string"),
+              std::string::npos)
+        << refused.err;
+  }
+  CommandResult local = run("timeout 10 " + bin("tandem-operator") +
+                            " local -f /nonexistent.yaml --planner-interval nan");
+  EXPECT_NE(local.exit_code, 0);
+  EXPECT_NE(local.err.find("--planner-interval: must be a number of at least 0.05 and at most "
+                           "3600, got nan"),
+            std::string::npos)
+      << local.err;
+}
+
+// The router's --chat-template is read and parsed at start, as an agent's:
+// it is used only once an agent names the model, and a missing or broken
+// file left the router up, answering every request "no agent is ready yet".
+TEST_F(CliTest, ARoutersChatTemplateIsCheckedAtStart) {
+  const std::string router =
+      "timeout 10 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
+  CommandResult missing = run(router + "--chat-template /nonexistent/template.jinja");
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  EXPECT_TRUE(missing.err.starts_with("tandem-operator: --chat-template: ")) << missing.err;
+  EXPECT_NE(missing.err.find("/nonexistent/template.jinja"), std::string::npos) << missing.err;
+  const fs::path broken = dir_ / "broken.jinja";
+  std::ofstream(broken) << "{% for m in messages %}\n{{ m.content }\n";
+  CommandResult unparsed = run(router + "--chat-template '" + broken.string() + "'");
+  EXPECT_EQ(unparsed.exit_code, 1) << unparsed.err;
+  EXPECT_NE(unparsed.err.find("--chat-template: " + broken.string() +
+                              ": chat template does not parse: line 2"),
+            std::string::npos)
+      << unparsed.err;
 }
 
 // A router flag given twice takes its last value, as the agent's: a Router's

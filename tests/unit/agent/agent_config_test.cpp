@@ -184,6 +184,34 @@ TEST(ServeOptions, YamlValuesOfTheWrongShapeNameTheKey) {
             "list");
 }
 
+// An on/off flag given a value takes that value: --insecure-kv=false is
+// off (it used to turn the flag on, whatever the value: a pod's extraArgs
+// saying --insecure-kv=false lifted the non-loopback guard), and a value
+// other than true or false is refused as the file refuses it.
+TEST(ServeOptions, AnOnOffFlagGivenAValueTakesIt) {
+  for (const char* flag :
+       {"insecure-kv", "enable-fault-injection", "return-tokens-as-token-ids", "enforce-eager"}) {
+    SCOPED_TRACE(flag);
+    const std::string bare = std::string("--") + flag;
+    ServeOptions on, off, explicitly_on, last;
+    EXPECT_EQ(apply({bare}, "", &on), "");
+    EXPECT_EQ(apply({bare + "=false"}, "", &off), "");
+    EXPECT_EQ(apply({bare + "=true"}, "", &explicitly_on), "");
+    EXPECT_EQ(apply({bare, bare + "=false"}, "", &last), "");
+    EXPECT_EQ(apply({bare + "=no"}, ""), bare + " must be true or false, got \"no\"");
+    EXPECT_EQ(apply({bare + "=0"}, ""), bare + " must be true or false, got \"0\"");
+    if (std::string(flag) == "insecure-kv") {
+      EXPECT_TRUE(on.insecure_kv);
+      EXPECT_FALSE(off.insecure_kv);
+      EXPECT_TRUE(explicitly_on.insecure_kv);
+      EXPECT_FALSE(last.insecure_kv) << "the last one given wins";
+    } else if (std::string(flag) == "enforce-eager") {
+      EXPECT_TRUE(on.enforce_eager);
+      EXPECT_FALSE(off.enforce_eager);
+    }
+  }
+}
+
 TEST(ServeOptions, KvTransferConfigMayBeAYamlMappingInBlockOrInlineStyle) {
   const json expected = {{"kv_connector", "offload"},
                          {"kv_role", "kv_both"},
@@ -219,7 +247,7 @@ TEST(ServeOptions, InvalidJsonInTheFlagIsReportedWithItsPosition) {
                           "at line 1, column 28: syntax error"))
       << message;
   EXPECT_EQ(apply({"--kv-transfer-config", "[1, 2]"}, ""),
-            "--kv-transfer-config must be a JSON object, got: [1,2]");
+            "--kv-transfer-config must be a JSON object, got array");
 }
 
 // --speculative-config is checked at start by its own parser, from the flag
@@ -239,7 +267,7 @@ TEST(ServeOptions, SpeculativeConfigIsCheckedFromTheFlagOrAYamlMapping) {
   EXPECT_EQ(apply({"--speculative-config", R"({"method": "ngram"})"}, ""),
             "--speculative-config needs num_speculative_tokens, the drafts per step (1 to 64)");
   EXPECT_EQ(apply({"--speculative-config", "[1]"}, ""),
-            "--speculative-config must be a JSON object, got: [1]");
+            "--speculative-config must be a JSON object, got array");
   EXPECT_TRUE(apply({"--speculative-config", R"({"method": "ngram",})"}, "")
                   .starts_with("--speculative-config is not valid JSON (byte 20)"));
 }
@@ -260,7 +288,8 @@ TEST(ServeOptions, HfOverridesAreAJsonObjectFromTheFlagOrAYamlMapping) {
                     {"original_max_position_embeddings", 32768}}}}));
   ASSERT_EQ(apply({"--hf-overrides", R"({"max_position_embeddings": 8192})"}, "", &options), "");
   EXPECT_EQ(json::parse(options.hf_overrides), (json{{"max_position_embeddings", 8192}}));
-  EXPECT_EQ(apply({"--hf-overrides", "[1]"}, ""), "--hf-overrides must be a JSON object, got: [1]");
+  EXPECT_EQ(apply({"--hf-overrides", "[1]"}, ""),
+            "--hf-overrides must be a JSON object, got array");
   EXPECT_TRUE(apply({"--hf-overrides", R"({"rope_scaling": })"}, "")
                   .starts_with("--hf-overrides is not valid JSON (byte 18)"));
 }

@@ -117,7 +117,7 @@ TEST(SpeculativeConfig, RefusesWhatItCannotRunNamingTheField) {
       "speculative-config: unknown field \"draft_tensor_parallel_size\"; accepted: method, "
       "model, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
       "disable_by_batch_size");
-  EXPECT_EQ(refused("[1]"), "speculative-config must be a JSON object, got: [1]");
+  EXPECT_EQ(refused("[1]"), "speculative-config must be a JSON object, got array");
   EXPECT_TRUE(refused("{\"method\": ").starts_with("speculative-config is not valid JSON"));
 }
 

@@ -329,6 +329,11 @@ TEST(ClusterSpecTest, ErrorsNameTheDocumentFieldAndLine) {
                   "[{kv_connector: ucx, kv_connector_extra_config: {secret: true}}]}}\n"}),
        "spec.kvTransfer.extraConfig.connectors[0].kv_connector_extra_config.secret must be a "
        "non-empty string"},
+      // Passed in the agents' environment, a NUL ended it: the agents had
+      // no secret at all.
+      {documents({decode_spec + "  kvTransfer: {extraConfig: {secret: \"\\0s3cret\"}}\n"}),
+       "spec.kvTransfer.extraConfig.secret must not contain a NUL character (\\0): it reaches "
+       "the agents in their environment, where a NUL ends it (the value is not shown)"},
       {documents({decode_spec + "  extraArgs: [{a: b}]\n"}),
        "spec.extraArgs[0] must be a string, got a mapping"},
       {documents({decode_spec + "  resources: {limits: {cpu: [1]}}\n"}),
