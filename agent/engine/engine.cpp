@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iomanip>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 
@@ -230,6 +232,12 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     backend_->setComputeDType(config_.compute_dtype);
   }
   model_ = Model::load(config_.model_dir, config_.hf_overrides);
+  {
+    std::ostringstream checked;
+    checked << std::fixed << std::setprecision(2) << model_->checkedBytes() / 1e9 << " GB in "
+            << model_->checkSeconds() << " s";
+    TANDEM_LOG(kInfo) << "model: no NaN or infinity in its weights (" << checked.str() << ")";
+  }
   if (!simulated && config_.compute_dtype == DType::kBF16 &&
       model_->weightDType() != DType::kBF16) {
     TANDEM_LOG(kWarn) << "compute dtype bf16 applies to bf16 weights only; this model's are "

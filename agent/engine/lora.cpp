@@ -286,13 +286,12 @@ std::unique_ptr<LoraAdapter> LoraAdapter::load(const std::string& name, const fs
       throw Error("tensor " + tensor_name + " in " + file + " has dtype " +
                   dtypeSafetensorsName(tensor.dtype) + " (accepted: F32, BF16, F16)");
     }
+    if (const std::optional<NonFiniteElement> bad = firstNonFinite(tensor)) {
+      throw Error("tensor " + tensor_name + " in " + file + " holds " + bad->kind + " at " +
+                  elementPosition(tensor.shape, bad->index) + " (accepted: finite values)");
+    }
     std::vector<float> values(static_cast<size_t>(expected[0] * expected[1]));
     convertToF32(tensor.dtype, tensor.data, values.data(), values.size());
-    for (const float value : values) {
-      if (!std::isfinite(value)) {
-        throw Error("tensor " + tensor_name + " in " + file + " holds a NaN or infinity");
-      }
-    }
     size_t b_row = 0;
     for (int part : parts) {
       LoraPair& pair = adapter->layers_[static_cast<size_t>(layer)][static_cast<size_t>(part)];

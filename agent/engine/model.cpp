@@ -3,6 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <string>
 #include <tuple>
 
+#include "common/available_cpus.h"
 #include "common/file_text.h"
 #include "common/hex.h"
 #include "common/json_parse.h"
@@ -220,6 +223,40 @@ class TensorSource {
     return "tensor " + name + " in " + fileOf(name);
   }
 
+  // Refuses a model whose tensors read so far hold a NaN or an infinity
+  // (a damaged or badly converted checkpoint: every logit would come out
+  // NaN, or some tokens' rows would), naming the first such tensor in the
+  // order they were read, and the element. The tensors are scanned on
+  // every available CPU. Returns the bytes scanned.
+  size_t checkFinite() const {
+    const size_t count = read_in_order_.size();
+    std::vector<std::optional<NonFiniteElement>> found(count);
+    std::atomic<size_t> next{0};
+    auto scan = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < count;) {
+        found[i] = firstNonFinite(*read_in_order_[i].first);
+      }
+    };
+    const int threads =
+        static_cast<int>(std::min<size_t>(static_cast<size_t>(availableCpus().cpus), count));
+    std::vector<std::future<void>> strands;
+    for (int t = 1; t < threads; ++t) strands.push_back(std::async(std::launch::async, scan));
+    scan();
+    for (auto& strand : strands) strand.get();
+    size_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const auto [tensor, file] = read_in_order_[i];
+      if (found[i]) {
+        throw Error("tensor " + tensor->name + " in " + file->path().string() + " holds " +
+                    found[i]->kind + " at " + elementPosition(tensor->shape, found[i]->index) +
+                    " (accepted: finite values; the checkpoint is damaged or was converted "
+                    "badly)");
+      }
+      bytes += tensor->num_bytes;
+    }
+    return bytes;
+  }
+
  private:
   // An F8_E4M3 matrix and its scales (docs/quantization.md).
   kernels::WeightView quantizedMatrix(const std::string& name, const TensorInfo& tensor,
@@ -370,6 +407,7 @@ class TensorSource {
     if (tensor == nullptr) {
       throw Error("tensor " + name + " missing from " + file->path().string());
     }
+    if (read_.insert(tensor).second) read_in_order_.push_back({tensor, file});
     return *tensor;
   }
 
@@ -379,6 +417,9 @@ class TensorSource {
   std::vector<std::vector<uint8_t>>& converted_;
   fs::path index_path_;                       // empty for a single file
   std::map<std::string, size_t> weight_map_;  // tensor name -> index in files_
+  // Every tensor looked up, once, in the order first looked up.
+  mutable std::set<const TensorInfo*> read_;
+  mutable std::vector<std::pair<const TensorInfo*, const SafetensorsFile*>> read_in_order_;
 };
 
 // Sigmoid routing's router bias and the shared experts (GLM-4.5's;
@@ -760,6 +801,10 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir,
 
   model->weight_dtype_ = *source.matrix_dtype;
   model->weight_bytes_ = source.used_bytes;
+  const auto check_start = std::chrono::steady_clock::now();
+  model->checked_bytes_ = source.checkFinite();
+  model->check_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - check_start).count();
   return model;
 }
 

@@ -153,6 +153,11 @@ class Model {
   std::vector<float> kvCacheScales() const;
   // Total bytes of all mapped tensors that the model uses.
   size_t weightBytes() const { return weight_bytes_; }
+  // What load() checked for NaN and infinities (every float tensor it
+  // read; a model holding one is refused, naming the tensor and the
+  // element), and the seconds it took.
+  size_t checkedBytes() const { return checked_bytes_; }
+  double checkSeconds() const { return check_seconds_; }
   // The weights' content, 16 hex digits: xxh3-64 over each weight file's
   // xxh3-64 in load order (so two models differ whenever a byte of their
   // files does, whatever their directories are called). Computed at the
@@ -171,6 +176,8 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kBF16;
   size_t weight_bytes_ = 0;
+  size_t checked_bytes_ = 0;
+  double check_seconds_ = 0;
   // Why the checkpoint's KV cache scales cannot be used ("" when they can).
   std::string kv_cache_scales_error_;
   // The scales of fp8 matrices (WeightView::scales point into them).

@@ -23,6 +23,11 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kHeaderLengthBytes = 8;
+// Hugging Face's safetensors refuses a longer header (MAX_HEADER_SIZE,
+// HeaderTooLarge); its parsed JSON takes some ten times the text, so an
+// unbounded one could exhaust memory before any check ran. The largest
+// published shards' headers are under 10 MB.
+constexpr uint64_t kMaxHeaderLength = 100'000'000;
 constexpr const char* kMetadataKey = "__metadata__";
 
 std::string offsetsText(uint64_t begin, uint64_t end) {
@@ -67,6 +72,75 @@ std::string shapeText(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+namespace {
+
+// The first element whose bits under `exponent` are all ones (an IEEE
+// float's NaN or infinity; E4M3's NaN with `exponent` 0x7f). Elements are
+// loaded with memcpy: a tensor's data need not be aligned to its size.
+template <typename Bits>
+std::optional<size_t> firstWithAllOnes(const uint8_t* data, size_t count, Bits exponent) {
+  constexpr size_t kChunk = 4096;
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t end = std::min(count, begin + kChunk);
+    bool any = false;
+    for (size_t i = begin; i < end; ++i) {
+      Bits bits;
+      std::memcpy(&bits, data + i * sizeof(Bits), sizeof(Bits));
+      any |= (bits & exponent) == exponent;
+    }
+    if (!any) continue;
+    for (size_t i = begin; i < end; ++i) {
+      Bits bits;
+      std::memcpy(&bits, data + i * sizeof(Bits), sizeof(Bits));
+      if ((bits & exponent) == exponent) return i;
+    }
+  }
+  return std::nullopt;
+}
+
+template <typename Bits>
+std::optional<NonFiniteElement> firstNonFiniteOf(const TensorInfo& tensor, Bits exponent,
+                                                 Bits mantissa, Bits sign) {
+  const auto* data = static_cast<const uint8_t*>(tensor.data);
+  const std::optional<size_t> index =
+      firstWithAllOnes<Bits>(data, tensor.num_bytes / sizeof(Bits), exponent);
+  if (!index) return std::nullopt;
+  Bits bits;
+  std::memcpy(&bits, data + *index * sizeof(Bits), sizeof(Bits));
+  const char* kind = (bits & mantissa) != 0 ? "NaN" : (bits & sign) != 0 ? "-inf" : "+inf";
+  return NonFiniteElement{*index, kind};
+}
+
+}  // namespace
+
+std::optional<NonFiniteElement> firstNonFinite(const TensorInfo& tensor) {
+  switch (tensor.dtype) {
+    case DType::kF32:
+      return firstNonFiniteOf<uint32_t>(tensor, 0x7f800000u, 0x007fffffu, 0x80000000u);
+    case DType::kBF16:
+      return firstNonFiniteOf<uint16_t>(tensor, 0x7f80, 0x007f, 0x8000);
+    case DType::kF16:
+      return firstNonFiniteOf<uint16_t>(tensor, 0x7c00, 0x03ff, 0x8000);
+    case DType::kF8E4M3:
+      // E4M3 (the "fn" variant safetensors stores) has no infinity: all
+      // ones below the sign is its NaN, so "mantissa" is that whole mask.
+      return firstNonFiniteOf<uint8_t>(tensor, 0x7f, 0x7f, 0x80);
+    case DType::kU8:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string elementPosition(const std::vector<int64_t>& shape, size_t index) {
+  std::vector<int64_t> position(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    const auto extent = static_cast<size_t>(std::max<int64_t>(shape[d], 1));
+    position[d] = static_cast<int64_t>(index % extent);
+    index /= extent;
+  }
+  return shapeText(position);
+}
+
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const std::string file = path.string();
   void* mapping = MAP_FAILED;
@@ -99,6 +173,12 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     if (header_length > file_size - kHeaderLengthBytes) {
       throw Error(file + ": truncated: header length " + std::to_string(header_length) +
                   " exceeds file size " + std::to_string(file_size));
+    }
+    if (header_length > kMaxHeaderLength) {
+      throw Error(file + ": header length " + std::to_string(header_length) + " is more than the " +
+                  std::to_string(kMaxHeaderLength) +
+                  " bytes a safetensors header may have (Hugging Face's safetensors refuses it "
+                  "too)");
     }
     const uint8_t* header_begin = bytes + kHeaderLengthBytes;
     const uint8_t* data = header_begin + header_length;

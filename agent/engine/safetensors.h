@@ -32,6 +32,24 @@ struct TensorInfo {
 // "[4096, 11008]": a shape as error messages print it.
 std::string shapeText(const std::vector<int64_t>& shape);
 
+// The first element of a tensor that is not a finite number.
+struct NonFiniteElement {
+  size_t index = 0;  // in row-major order
+  // "NaN", "+inf" or "-inf".
+  const char* kind = "NaN";
+};
+
+// The first NaN or infinity in `tensor`'s data, for the float dtypes (F32,
+// BF16, F16, and F8_E4M3, whose only non-finite value is NaN); nullopt when
+// every element is finite, and for U8 (bytes whose meaning the tensor's use
+// gives: packed MXFP4 values, their scales). Reads every byte: a scan of
+// memory-bound speed, a chunk of elements at a time, its element found
+// again only in a chunk holding one.
+std::optional<NonFiniteElement> firstNonFinite(const TensorInfo& tensor);
+
+// "[3, 17]": the row-major `index` of an element as its position in `shape`.
+std::string elementPosition(const std::vector<int64_t>& shape, size_t index);
+
 class SafetensorsFile {
  public:
   // Maps and validates `path`; throws tandem::Error on any problem

@@ -220,7 +220,12 @@ TEST(LoraAdapter, BadTensorsAreRefusedNamingTheTensor) {
   poisoned.setTensors(
       {{kQ + "lora_A.weight", {8, c.hidden_size}}, {kQ + "lora_B.weight", {q_size, 8}}},
       std::numeric_limits<float>::quiet_NaN());
-  EXPECT_NE(loadError(poisoned.path()).find("holds a NaN or infinity"), std::string::npos);
+  EXPECT_NE(
+      loadError(poisoned.path())
+          .find("lora_A.weight in " + (poisoned.path() / "adapter_model.safetensors").string() +
+                " holds NaN at [0, 0] (accepted: finite values)"),
+      std::string::npos)
+      << loadError(poisoned.path());
   // Finite, but past float's range once scaled (lora_alpha 16 / r 8 = 2):
   // it served garbage.
   AdapterDir overflowing;

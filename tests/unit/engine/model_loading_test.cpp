@@ -1457,6 +1457,54 @@ TEST(ModelLoadingErrors, Fp8TensorsAndScalesAreNamed) {
   }
 }
 
+// A damaged checkpoint (a NaN or an infinity in a tensor it uses) is
+// refused naming the tensor and the element, where it served NaN logits,
+// or garbage for the tokens whose rows held one; in every float dtype.
+TEST(ModelLoadingErrors, NonFiniteWeightsAreNamedWithTheirElement) {
+  struct Case {
+    DType dtype;
+    std::string tensor;
+    size_t element;
+    uint64_t bits;
+    std::string expected;
+  };
+  for (const Case& c : {
+           Case{DType::kBF16, "model.layers.1.mlp.down_proj.weight", 37, 0x7fc0, "NaN at [0, 37]"},
+           Case{DType::kF32, "model.embed_tokens.weight", 64 * 3 + 5, 0xff800000, "-inf at [3, 5]"},
+           Case{DType::kF16, "model.norm.weight", 2, 0x7c00, "+inf at [2]"},
+       }) {
+    SCOPED_TRACE(c.tensor);
+    TempDir dir("model-loading-test");
+    writeTiny(dir.path(), "LlamaForCausalLM", c.dtype);
+    bool poisoned = false;
+    rewriteTensors(dir.path(), [&](std::string& name, DType& dtype, std::vector<int64_t>& shape,
+                                   std::vector<uint8_t>& data) {
+      if (name == c.tensor) {
+        EXPECT_EQ(dtype, c.dtype);
+        if (shape.size() == 2) EXPECT_EQ(shape[1], 64);  // the tiny preset's hidden size
+        std::memcpy(data.data() + c.element * dtypeSize(dtype), &c.bits, dtypeSize(dtype));
+        poisoned = true;
+      }
+      return true;
+    });
+    ASSERT_TRUE(poisoned);
+    EXPECT_EQ(loadError(dir.path()), "tensor " + c.tensor + " in " +
+                                         (dir.path() / "model.safetensors").string() + " holds " +
+                                         c.expected +
+                                         " (accepted: finite values; the checkpoint is damaged "
+                                         "or was converted badly)");
+  }
+  // Unpoisoned, it loads, having checked every tensor of the file (the
+  // tiny Llama uses them all).
+  TempDir dir("model-loading-test");
+  writeTiny(dir.path());
+  size_t file_bytes = 0;
+  for (const auto& [name, tensor] : SafetensorsFile(dir.path() / "model.safetensors").tensors()) {
+    file_bytes += tensor.num_bytes;
+  }
+  EXPECT_EQ(Model::load(dir.path())->checkedBytes(), file_bytes);
+}
+
 TEST(ModelLoadingErrors, IndexPointsToMissingShard) {
   TempDir dir;
   writeTiny(dir.path());

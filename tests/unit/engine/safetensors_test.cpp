@@ -6,7 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "tests/support/test_files.h"
@@ -45,6 +49,98 @@ TEST(SafetensorsTest, NumberTooLargeForADoubleIsAnError) {
                          "'1e400')"),
             std::string::npos)
       << message;
+}
+
+// A header longer than Hugging Face's bound is refused before it is parsed
+// (its JSON would take some ten times its length in memory); one at the
+// bound is parsed. The files are sparse: their zeros take no disk.
+TEST(SafetensorsTest, AHeaderPastTheBoundIsRefusedUnparsed) {
+  for (const uint64_t length : {uint64_t{100'000'000}, uint64_t{100'000'001}}) {
+    TempDir dir("safetensors-test");
+    std::string prefix;
+    for (int i = 0; i < 8; ++i) prefix += static_cast<char>((length >> (8 * i)) & 0xff);
+    const auto path = dir.write("model.safetensors", prefix);
+    std::filesystem::resize_file(path, 8 + length);
+    try {
+      SafetensorsFile file(path);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      if (length > 100'000'000) {
+        EXPECT_EQ(message, path.string() +
+                               ": header length 100000001 is more than the 100000000 bytes a "
+                               "safetensors header may have (Hugging Face's safetensors "
+                               "refuses it too)");
+      } else {
+        EXPECT_NE(message.find("header is not valid JSON"), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+// A tensor of `count` elements of `dtype`, all `fill`, at one byte past an
+// aligned start (a tensor's data need not be aligned), with `bits` at
+// element `at`.
+struct Poisoned {
+  std::vector<uint8_t> storage;
+  TensorInfo tensor;
+
+  Poisoned(DType dtype, std::vector<int64_t> shape, uint64_t fill, size_t at, uint64_t bits) {
+    size_t count = 1;
+    for (int64_t d : shape) count *= static_cast<size_t>(d);
+    const size_t size = dtypeSize(dtype);
+    storage.assign(1 + count * size, 0);
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t value = i == at ? bits : fill;
+      std::memcpy(storage.data() + 1 + i * size, &value, size);  // little-endian
+    }
+    tensor = {"w", dtype, std::move(shape), storage.data() + 1, count * size};
+  }
+};
+
+TEST(SafetensorsTest, FirstNonFiniteFindsNanAndInfinityInEveryFloatDtype) {
+  struct Case {
+    DType dtype;
+    uint64_t one, nan, plus_inf, minus_inf, largest;  // largest: finite, exponent below all ones
+  };
+  for (const Case& c : {
+           Case{DType::kF32, 0x3f800000, 0x7fc00001, 0x7f800000, 0xff800000, 0x7f7fffff},
+           Case{DType::kBF16, 0x3f80, 0xffc1, 0x7f80, 0xff80, 0x7f7f},
+           Case{DType::kF16, 0x3c00, 0x7e00, 0x7c00, 0xfc00, 0x7bff},
+           // E4M3: 0x7e is 448, its largest; 0x7f and 0xff its NaNs.
+           Case{DType::kF8E4M3, 0x38, 0xff, 0x7f, 0x7f, 0x7e},
+       }) {
+    SCOPED_TRACE(dtypeSafetensorsName(c.dtype));
+    // Past a 4,096-element chunk, and in its last element.
+    for (size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{5000}, size_t{9999}}) {
+      const Poisoned nan(c.dtype, {100, 100}, c.one, at, c.nan);
+      const std::optional<NonFiniteElement> found = firstNonFinite(nan.tensor);
+      ASSERT_TRUE(found.has_value()) << at;
+      EXPECT_EQ(found->index, at);
+      EXPECT_STREQ(found->kind, "NaN");
+      EXPECT_EQ(elementPosition(nan.tensor.shape, found->index),
+                shapeText({static_cast<int64_t>(at / 100), static_cast<int64_t>(at % 100)}));
+    }
+    if (c.dtype != DType::kF8E4M3) {
+      const Poisoned plus(c.dtype, {3, 5}, c.one, 7, c.plus_inf);
+      EXPECT_STREQ(firstNonFinite(plus.tensor).value().kind, "+inf");
+      const Poisoned minus(c.dtype, {3, 5}, c.one, 7, c.minus_inf);
+      EXPECT_STREQ(firstNonFinite(minus.tensor).value().kind, "-inf");
+    }
+    // The largest finite value is finite.
+    const Poisoned largest(c.dtype, {64}, c.one, 3, c.largest);
+    EXPECT_FALSE(firstNonFinite(largest.tensor).has_value());
+  }
+  // U8 holds bytes whose meaning the tensor's use gives.
+  const Poisoned bytes(DType::kU8, {16}, 0xff, 0, 0xff);
+  EXPECT_FALSE(firstNonFinite(bytes.tensor).has_value());
+}
+
+TEST(SafetensorsTest, ElementPositionIsRowMajor) {
+  EXPECT_EQ(elementPosition({2, 3, 4}, 0), "[0, 0, 0]");
+  EXPECT_EQ(elementPosition({2, 3, 4}, 23), "[1, 2, 3]");
+  EXPECT_EQ(elementPosition({2, 3, 4}, 13), "[1, 0, 1]");
+  EXPECT_EQ(elementPosition({7}, 6), "[6]");
 }
 
 }  // namespace
