@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/http/http_metrics.h"
+#include "common/latency_buckets.h"
 
 namespace tandem::server {
 namespace {
@@ -21,16 +22,10 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
-// Bucket bounds as vLLM uses them for the same figures.
-const Histogram::BucketBoundaries kTtftBuckets = {
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
-    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const Histogram::BucketBoundaries kItlBuckets = {
-    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,  0.15, 0.2,
-    0.3,   0.4,   0.5,  0.75,  1.0,  2.5,   5.0,  7.5,  10.0, 20.0,  40.0, 80.0};
-const Histogram::BucketBoundaries kRequestBuckets = {
-    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// Shared with the router's histograms (common/latency_buckets.h).
+const Histogram::BucketBoundaries& kTtftBuckets = kTtftBucketBounds;
+const Histogram::BucketBoundaries& kItlBuckets = kItlBucketBounds;
+const Histogram::BucketBoundaries& kRequestBuckets = kRequestBucketBounds;
 
 const Histogram::BucketBoundaries kTransferBuckets(engine::kKvLoadSecondsBounds.begin(),
                                                    engine::kKvLoadSecondsBounds.end());

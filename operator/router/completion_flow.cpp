@@ -381,6 +381,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     // inside one twice.
     std::string message = "no agent is ready yet";
     if (const std::string why = model_.lastError(); !why.empty()) message += ": " + why;
+    metrics_.countDecision("rejected");
     co_await exchange.respond(unavailable(message));
     co_return;
   }
@@ -422,6 +423,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_return;
   }
   if (!parsed.isOk()) {
+    metrics_.countDecision("invalid");
     const server::ApiError& error = parsed.error();
     co_await exchange.respond(
         server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
@@ -1349,6 +1351,10 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
               (spliced && (splice->handedOver() || !splice->upstreamError().empty()))) {
             continue;
           }
+          // The usage chunk ending a stream with include_usage (its
+          // "choices" empty, as the agents write it) carries no token: its
+          // gap is no inter-token latency.
+          if (event.find("\"choices\":[]") != std::string::npos) continue;
           const auto now = Clock::now();
           if (last_token == Clock::time_point{}) {
             const double ttft = std::chrono::duration<double>(now - arrival).count();
@@ -1383,6 +1389,9 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
         // request and free its blocks.
         co_return DecodeOutcome::kClientGoneMidway;
       }
+      // [DONE] is out: nothing the agent still sends (its body's end)
+      // reaches the client, who may leave now, served.
+      if (spliced && splice->done()) break;
     }
     // A draining agent ends its part with the hand-over event.
     if (spliced && splice->handedOver()) {
@@ -1408,8 +1417,10 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     // An agent that dies between events may still end the body cleanly.
     if (spliced && !splice->done()) throw std::runtime_error("the stream ended before [DONE]");
     leave_to_agent.answered = true;  // the client may leave now, the agent has said it all
-    const bool finished = co_await exchange.finishChunked();
-    if (!finished) co_return DecodeOutcome::kClientGoneMidway;
+    // The client has every byte of the answer: one that closes without
+    // waiting for the body's last (empty) chunk, as SSE clients do once
+    // they read [DONE], was served, not a client that left midway.
+    co_await exchange.finishChunked();
   } catch (const std::exception& e) {
     broken = e.what();
     stalled = timedOut(e);

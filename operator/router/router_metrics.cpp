@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/http/http_metrics.h"
+#include "common/latency_buckets.h"
 
 namespace tandem::router {
 namespace {
@@ -23,16 +24,10 @@ void removeSeries(prometheus::Family<T>* family, const prometheus::Labels& label
   if (family->Has(labels)) family->Remove(&family->Add(labels));
 }
 
-// The agents' latency buckets (vLLM's), so dashboards compare like with like.
-const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
-    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const prometheus::Histogram::BucketBoundaries kItlBuckets = {
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
-    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
-const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
-    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+// The agents' latency buckets, so dashboards compare like with like.
+const prometheus::Histogram::BucketBoundaries& kTtftBuckets = kTtftBucketBounds;
+const prometheus::Histogram::BucketBoundaries& kItlBuckets = kItlBucketBounds;
+const prometheus::Histogram::BucketBoundaries& kRequestBuckets = kRequestBucketBounds;
 // Fine below 1 ms (the usual decision) and between 10 and 50 ms too, where
 // decisions over 100k-token prompts and many agents have landed.
 const prometheus::Histogram::BucketBoundaries kDecisionBuckets = {
@@ -61,10 +56,12 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
                        "Requests by routing decision: disaggregated, local_prefill, pull_back, "
                        "affinity (the chosen agents held the longest prefix any agent held) and "
                        "spill (another agent held a longer one), both also counted under their "
-                       "kind, retried (also counted under its final decision), rejected.")
+                       "kind, retried (also counted under its final decision), rejected "
+                       "(refused: no agent could take it, or the router was overloaded), "
+                       "invalid (refused as bad input, before any agent saw it).")
                    .Register(*registry_);
   for (const char* decision : {"disaggregated", "local_prefill", "pull_back", "affinity", "spill",
-                               "retried", "rejected"}) {
+                               "retried", "rejected", "invalid"}) {
     requests_->Add({{"decision", decision}});
   }
   upstream_errors_ = &BuildCounter()

@@ -368,6 +368,45 @@ TEST_F(RouterAbortTest, QueuedRequestsWhoseClientsLeaveAreDroppedAndNeverSentUps
   EXPECT_EQ(routerMetric("tandem_router_client_aborts_total", "stage=\"response\""), 1);
 }
 
+// A client that reads its stream to [DONE] and leaves at once (a reset, as
+// a client closing its connection the moment it has its answer may send)
+// was served: counted under its decision and in the end-to-end latency,
+// never as a client abort, however soon it left before the body's last
+// (empty) chunk. Before, a share of such streams counted as aborts at the
+// "response" stage, and under no decision.
+TEST_F(RouterAbortTest, AClientLeavingRightAfterDoneWasServed) {
+  start(1, 1, /*max_inflight=*/8, /*max_queued=*/8);
+  constexpr int kStreams = 12;
+  for (int i = 0; i < kStreams; ++i) {
+    json body = greedy(randomPrompt(20, 400 + i), 4);
+    body["stream"] = true;
+    if (i % 2 == 0) body["stream_options"] = {{"include_usage", true}};
+    RawClient client(router_->port());
+    ASSERT_TRUE(client.send(RawClient::request(body)));
+    ASSERT_TRUE(client.readUntil("data: [DONE]", std::chrono::seconds(30))) << client.received();
+    client.reset();
+  }
+  auto served = [&] {
+    const std::string text = routerMetrics();
+    return prometheusSample(text, "tandem_router_requests_total", "decision=\"disaggregated\"")
+               .value_or(0) +
+           prometheusSample(text, "tandem_router_requests_total", "decision=\"local_prefill\"")
+               .value_or(0) +
+           prometheusSample(text, "tandem_router_requests_total", "decision=\"pull_back\"")
+               .value_or(0);
+  };
+  EXPECT_TRUE(eventually([&] {
+    return admissionIdle() &&
+           served() + routerMetric("tandem_router_client_aborts_total", "stage=\"response\"") ==
+               kStreams;
+  })) << routerMetrics();
+  EXPECT_EQ(routerMetric("tandem_router_client_aborts_total", "stage=\"response\""), 0);
+  EXPECT_EQ(served(), kStreams);
+  EXPECT_EQ(routerMetric("tandem_router_e2e_request_latency_seconds_count"), kStreams);
+  // Three gaps between four tokens, the usage chunk's none.
+  EXPECT_EQ(routerMetric("tandem_router_inter_token_latency_seconds_count"), kStreams * 3);
+}
+
 // Sixteen clients at once leave at random moments: no prefill agent keeps
 // blocks for them until its abort timeout (120 s): all are back long before.
 TEST_F(RouterAbortTest, ConcurrentClientsLeavingAtRandomLeaveNoHeldBlocks) {

@@ -1001,11 +1001,17 @@ TEST_F(RouterTest, BadInputGetsTheAgentsErrorsAndClientKvParamsAreIgnored) {
   from_agent = decode_[0]->post("/v1/completions", missing_model, &agent_status);
   EXPECT_EQ(from_router.status, agent_status);
   EXPECT_EQ(from_router.body, from_agent);
+  // Counted by the router (no agent saw them through it), as an agent counts
+  // what it refuses under finish_reason="invalid".
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"invalid\""), 2);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"invalid\""), 2)
+      << "the two sent to the agent directly";
 
   json spoofed = greedy(randomPrompt(70, 69), 4);
   spoofed["kv_transfer_params"] = {{"do_remote_prefill", true}, {"remote_block_ids", {1, 2, 3}}};
   Answer answer = post(spoofed);
   EXPECT_EQ(answer.status, 200) << "client kv_transfer_params are stripped: " << answer.body.dump();
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"invalid\""), 2);
 }
 
 // A streamed request that passes the checks but that nothing can continue
