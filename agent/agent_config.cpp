@@ -335,10 +335,15 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
       value.flag = text == "true";
       return value;
     case OptionKind::kJson: {
-      const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      // Nesting bounded (kMaxJsonDepth), as the option's own parser bounds
+      // it: a value 100,000 levels deep, which a YAML file can carry past
+      // the command line's length limit, overflowed the stack in dump().
+      JsonParseError error;
+      const std::optional<nlohmann::json> json = parseJson(text, error);
       // The option's own parser reports where the JSON breaks.
-      if (json.is_discarded()) checkJsonOption(spec, name, text);
-      value.text = json.dump();
+      if (!json) checkJsonOption(spec, name, text);
+      if (!json) refuse(spec, name, "text that is not JSON");
+      value.text = json->dump();
       return value;
     }
   }
@@ -354,7 +359,13 @@ std::string nodeKind(const YAML::Node& node) {
 // A YAML value for one option of the table.
 Value checkYaml(const OptionSpec& spec, const std::string& name, const YAML::Node& node) {
   if (spec.kind == OptionKind::kJson && node.IsMap()) {
-    return checkText(spec, name, yamlToJson(node).dump());
+    nlohmann::json json;
+    try {
+      json = yamlToJson(node);
+    } catch (const Error& e) {
+      throw Error(name + ": " + e.what());
+    }
+    return checkText(spec, name, json.dump());
   }
   if (!node.IsScalar()) refuse(spec, name, nodeKind(node));
   std::string text = node.Scalar();
@@ -650,19 +661,23 @@ void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::s
   }
 }
 
-nlohmann::json yamlToJson(const YAML::Node& node) {
+nlohmann::json yamlToJson(const YAML::Node& node, int depth) {
+  if ((node.IsMap() || node.IsSequence()) && depth >= kMaxJsonDepth) {
+    throw Error("a YAML value nests deeper than " + std::to_string(kMaxJsonDepth) +
+                " levels (line " + std::to_string(node.Mark().line + 1) + ")");
+  }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       nlohmann::json object = nlohmann::json::object();
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) throw Error("a YAML mapping key must be a scalar");
-        object[entry.first.Scalar()] = yamlToJson(entry.second);
+        object[entry.first.Scalar()] = yamlToJson(entry.second, depth + 1);
       }
       return object;
     }
     case YAML::NodeType::Sequence: {
       nlohmann::json array = nlohmann::json::array();
-      for (const auto& element : node) array.push_back(yamlToJson(element));
+      for (const auto& element : node) array.push_back(yamlToJson(element, depth + 1));
       return array;
     }
     case YAML::NodeType::Scalar: {

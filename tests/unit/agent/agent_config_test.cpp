@@ -212,6 +212,26 @@ TEST(ServeOptions, AnOnOffFlagGivenAValueTakesIt) {
   }
 }
 
+// A JSON option nesting past the bound is refused from a file as from the
+// flag, whether written as JSON text or as a YAML mapping: a file can carry
+// a value far deeper than a command line can (100,000 levels overflowed
+// the stack when it was written out again).
+TEST(ServeOptions, DeeplyNestedJsonOptionsAreRefusedFromAFile) {
+  const int depth = 100000;
+  const std::string deep_json =
+      "{\"kv_connector\": \"offload\", \"x\": " + std::string(depth, '[') +
+      std::string(depth, ']') + "}";
+  const std::string from_text = apply({}, "kv_transfer_config: '" + deep_json + "'\n");
+  EXPECT_TRUE(from_text.starts_with("agent.yaml: kv_transfer_config")) << from_text.substr(0, 300);
+  EXPECT_NE(from_text.find("nesting deeper than 128 levels"), std::string::npos)
+      << from_text.substr(0, 300);
+  std::string deep_yaml = "hf_overrides: ";
+  for (int i = 0; i < 200; ++i) deep_yaml += "{a: ";
+  deep_yaml += "1" + std::string(200, '}') + "\n";
+  EXPECT_EQ(apply({}, deep_yaml),
+            "agent.yaml: hf_overrides: a YAML value nests deeper than 128 levels (line 1)");
+}
+
 TEST(ServeOptions, KvTransferConfigMayBeAYamlMappingInBlockOrInlineStyle) {
   const json expected = {{"kv_connector", "offload"},
                          {"kv_role", "kv_both"},
