@@ -338,10 +338,11 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
       // Nesting bounded (kMaxJsonDepth), as the option's own parser bounds
       // it: a value 100,000 levels deep, which a YAML file can carry past
       // the command line's length limit, overflowed the stack in dump().
+      // The option's own parser checks the text as written (where the JSON
+      // breaks, a key given twice, which the value below has lost).
+      checkJsonOption(spec, name, text);
       JsonParseError error;
       const std::optional<nlohmann::json> json = parseJson(text, error);
-      // The option's own parser reports where the JSON breaks.
-      if (!json) checkJsonOption(spec, name, text);
       if (!json) refuse(spec, name, "text that is not JSON");
       value.text = json->dump();
       return value;
@@ -671,6 +672,10 @@ nlohmann::json yamlToJson(const YAML::Node& node, int depth) {
       nlohmann::json object = nlohmann::json::object();
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) throw Error("a YAML mapping key must be a scalar");
+        if (object.contains(entry.first.Scalar())) {
+          throw Error("key " + entry.first.Scalar() + " is given twice (line " +
+                      std::to_string(entry.first.Mark().line + 1) + ")");
+        }
         object[entry.first.Scalar()] = yamlToJson(entry.second, depth + 1);
       }
       return object;

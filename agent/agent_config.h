@@ -94,8 +94,8 @@ YAML::Node loadServeConfigFile(const std::string& path);
 // A YAML node as JSON: mappings become objects, sequences arrays; a plain
 // (unquoted) scalar that reads as null, true/false, an integer or a number
 // becomes that JSON type, any other scalar a string. A value nesting deeper
-// than kMaxJsonDepth (json_parse.h), counting from `depth`, is refused,
-// naming its line.
+// than kMaxJsonDepth (json_parse.h), counting from `depth`, or a mapping
+// giving a key twice, is refused, naming its line.
 nlohmann::json yamlToJson(const YAML::Node& node, int depth = 0);
 
 // The closest of `candidates` to `word`, or "" when none is close enough to

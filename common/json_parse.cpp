@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -259,6 +260,70 @@ std::optional<nlohmann::json> parseJson(std::string_view text, JsonParseError& e
   return parseAs<nlohmann::json>(text, error, bounds);
 }
 
+namespace {
+
+// The path of the first key given twice in one object of `text` (already
+// parsed once, so well-formed and within the nesting bound), or nullopt:
+// "kv_connector_extra_config.connectors[0].kv_connector_extra_config.secret".
+// nlohmann keeps the last of the two silently.
+std::optional<std::string> firstRepeatedKey(std::string_view text) {
+  struct Level {
+    bool object = false;
+    std::set<std::string> keys;
+    std::string key;   // object: the current key
+    size_t index = 0;  // array: elements before the current one
+  };
+  std::vector<Level> levels;
+  std::optional<std::string> repeated;
+  auto path = [&levels](const std::string& last) {
+    std::string text;
+    for (size_t i = 0; i + 1 < levels.size(); ++i) {
+      const Level& level = levels[i];
+      text += level.object ? (text.empty() ? "" : ".") + level.key
+                           : "[" + std::to_string(level.index) + "]";
+    }
+    return text + (text.empty() ? "" : ".") + last;
+  };
+  auto element_done = [&levels] {
+    if (!levels.empty() && !levels.back().object) ++levels.back().index;
+  };
+  using Event = nlohmann::json::parse_event_t;
+  nlohmann::json::parser_callback_t callback = [&](int, Event event, nlohmann::json& parsed) {
+    switch (event) {
+      case Event::object_start:
+        levels.push_back({true, {}, {}, 0});
+        break;
+      case Event::array_start:
+        levels.push_back({false, {}, {}, 0});
+        break;
+      case Event::key: {
+        Level& level = levels.back();
+        std::string key = parsed.get<std::string>();
+        if (!level.keys.insert(key).second && !repeated) repeated = path(key);
+        level.key = std::move(key);
+        break;
+      }
+      case Event::object_end:
+      case Event::array_end:
+        levels.pop_back();
+        element_done();
+        break;
+      case Event::value:
+        element_done();
+        break;
+    }
+    return true;
+  };
+  try {
+    nlohmann::json::parse(text, callback);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // parsed once already: not reached
+  }
+  return repeated;
+}
+
+}  // namespace
+
 StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view what) {
   JsonParseError error;
   std::optional<nlohmann::json> parsed = parseJson(text, error);
@@ -276,6 +341,11 @@ StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view
   if (!parsed->is_object()) {
     return invalidArgument(std::string(what) + " must be a JSON object, got " +
                            std::string(parsed->type_name()));
+  }
+  // A key given twice is refused, as the pool files refuse it: nlohmann
+  // keeps the last silently (two secrets, two capacities).
+  if (const std::optional<std::string> repeated = firstRepeatedKey(text)) {
+    return invalidArgument(std::string(what) + ": " + *repeated + " is given twice");
   }
   return std::move(*parsed);
 }

@@ -72,7 +72,8 @@ std::optional<nlohmann::ordered_json> parseOrderedJson(std::string_view text, Js
 
 // A configuration option's JSON object (--kv-transfer-config, ...), named
 // `what` in the errors: InvalidArgument "<what> is not valid JSON (byte N):
-// <detail>" or "<what> must be a JSON object, got <type>". No part of the
+// <detail>", "<what> must be a JSON object, got <type>" or "<what>: <path
+// of a key> is given twice" (nlohmann would keep the last). No part of the
 // text is shown (an option may carry a secret): `detail` leaves out the
 // token nlohmann last read and the digits of a number out of range.
 StatusOr<nlohmann::json> parseJsonObject(std::string_view text, std::string_view what);

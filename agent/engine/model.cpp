@@ -141,7 +141,9 @@ class TensorSource {
   std::optional<float> scale(std::initializer_list<std::string> names) {
     for (const std::string& name : names) {
       if (!has(name)) continue;
-      const TensorInfo& tensor = lookupAny(name);
+      // Checked below, its refusal left to an fp8 cache (a bf16 or f32
+      // cache does not read it): not in checkFinite's scan.
+      const TensorInfo& tensor = lookupAny(name, /*scanned=*/false);
       if (tensor.shape != std::vector<int64_t>{} && tensor.shape != std::vector<int64_t>{1}) {
         throw Error("tensor " + name + " in " + fileOf(name) + " has shape " +
                     shapeText(tensor.shape) +
@@ -394,7 +396,8 @@ class TensorSource {
     return tensor;
   }
 
-  const TensorInfo& lookupAny(const std::string& name) const {
+  // `scanned`: whether checkFinite() scans the tensor.
+  const TensorInfo& lookupAny(const std::string& name, bool scanned = true) const {
     const SafetensorsFile* file = files_.front().get();
     if (!index_path_.empty()) {
       auto it = weight_map_.find(name);
@@ -407,7 +410,7 @@ class TensorSource {
     if (tensor == nullptr) {
       throw Error("tensor " + name + " missing from " + file->path().string());
     }
-    if (read_.insert(tensor).second) read_in_order_.push_back({tensor, file});
+    if (scanned && read_.insert(tensor).second) read_in_order_.push_back({tensor, file});
     return *tensor;
   }
 

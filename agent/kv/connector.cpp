@@ -1,5 +1,8 @@
 #include "agent/kv/connector.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "agent/kv/connector_registry.h"
 #include "common/json_parse.h"
 
@@ -11,8 +14,33 @@ constexpr double kMaxTimeoutSeconds = 86400;  // one day
 // Parses one kv-transfer-config object. `field` prefixes the names in errors:
 // empty at the top level, "kv_connector_extra_config.connectors[i]." for a
 // member of a multi connector.
+// The fields of vLLM's KVTransferConfig that no connector here reads: taken
+// (a vLLM configuration starts as it is) and ignored.
+constexpr const char* kIgnoredVllmFields[] = {
+    "engine_id", "kv_buffer_device",         "kv_buffer_size",
+    "kv_rank",   "kv_parallel_size",         "kv_ip",
+    "kv_port",   "kv_connector_module_path", "enable_permute_local_kv"};
+
 StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::string& field) {
   KvTransferConfig config;
+  // Any other field is refused: a misspelt kv_connector_extra_config, say,
+  // was ignored, its secret and capacities with it.
+  for (const auto& [key, value] : root.items()) {
+    if (key == "kv_connector" || key == "kv_role" || key == "kv_connector_extra_config" ||
+        std::find(std::begin(kIgnoredVllmFields), std::end(kIgnoredVllmFields), key) !=
+            std::end(kIgnoredVllmFields)) {
+      continue;
+    }
+    if (key == "kv_load_failure_policy") {
+      return invalidArgument("kv-transfer-config: " + field +
+                             "kv_load_failure_policy is read from kv_connector_extra_config "
+                             "(put it there)");
+    }
+    return invalidArgument("kv-transfer-config: " + field + key +
+                           " is not a field of a kv-transfer-config object (accepted: "
+                           "kv_connector, kv_role, kv_connector_extra_config; vLLM's other "
+                           "fields are taken and ignored)");
+  }
   if (!root.contains("kv_connector") || !root["kv_connector"].is_string()) {
     return invalidArgument("kv-transfer-config: " + field +
                            "kv_connector must be a string (accepted: " + connectorNames() + ")");

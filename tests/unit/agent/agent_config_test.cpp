@@ -232,6 +232,20 @@ TEST(ServeOptions, DeeplyNestedJsonOptionsAreRefusedFromAFile) {
             "agent.yaml: hf_overrides: a YAML value nests deeper than 128 levels (line 1)");
 }
 
+// A key given twice inside a JSON option is refused from a YAML mapping as
+// from the flag's JSON (the last one was kept).
+TEST(ServeOptions, AKeyGivenTwiceInAJsonOptionIsRefused) {
+  EXPECT_EQ(apply({},
+                  "kv_transfer_config:\n  kv_connector: ucx\n  kv_connector_extra_config:\n"
+                  "    secret: first-secret\n    secret: second-secret\n"),
+            "agent.yaml: kv_transfer_config: key secret is given twice (line 5)");
+  EXPECT_EQ(
+      apply({"--kv-transfer-config", R"({"kv_connector": "offload", "kv_connector_extra_config": )"
+                                     R"({"capacity_blocks": 8, "capacity_blocks": 9}})"},
+            ""),
+      "--kv-transfer-config: kv_connector_extra_config.capacity_blocks is given twice");
+}
+
 TEST(ServeOptions, KvTransferConfigMayBeAYamlMappingInBlockOrInlineStyle) {
   const json expected = {{"kv_connector", "offload"},
                          {"kv_role", "kv_both"},

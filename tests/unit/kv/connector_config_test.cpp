@@ -156,6 +156,43 @@ TEST(KvTransferConfigParse, NumberBeyondADoubleIsInvalidJsonNotAnException) {
             "kv-transfer-config is not valid JSON: a number is out of range");
 }
 
+// A key given twice, at any depth, is refused (nlohmann kept the last one
+// silently: two secrets, two capacities), and so is a field no
+// kv-transfer-config has (a misspelt kv_connector_extra_config was
+// ignored, and its secret with it); vLLM's other fields are taken.
+TEST(KvTransferConfigParse, RepeatedKeysAndUnknownFieldsAreRefused) {
+  for (
+      const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+          {R"({"kv_connector": "ucx", "kv_connector_extra_config": {"secret": "a", "secret": "b"}})",
+           "kv-transfer-config: kv_connector_extra_config.secret is given twice"},
+          {R"({"kv_connector": "offload", "kv_connector": "offload"})",
+           "kv-transfer-config: kv_connector is given twice"},
+          {R"({"kv_connector": "multi", "kv_connector_extra_config": {"connectors": [)"
+           R"({"kv_connector": "offload"}, {"kv_connector": "ucx", "kv_role": "kv_both",)"
+           R"( "kv_role": "kv_both"}]}})",
+           "kv-transfer-config: kv_connector_extra_config.connectors[1].kv_role is given twice"},
+          {R"({"kv_connector": "offload", "kv_connectr_extra_config": {},)"
+           R"( "kv_connector_extra_config": {"capacity_blocks": 8}})",
+           "kv-transfer-config: kv_connectr_extra_config is not a field of a kv-transfer-config "
+           "object (accepted: kv_connector, kv_role, kv_connector_extra_config; vLLM's other "
+           "fields are taken and ignored)"},
+          {R"({"kv_connector": "offload", "kv_load_failure_policy": "fail"})",
+           "kv-transfer-config: kv_load_failure_policy is read from kv_connector_extra_config "
+           "(put it there)"},
+      }) {
+    StatusOr<KvTransferConfig> parsed = KvTransferConfig::parse(text);
+    ASSERT_FALSE(parsed.isOk()) << text;
+    EXPECT_EQ(parsed.status().message(), message) << text;
+  }
+  // The same key in two objects is no repetition; vLLM's fields are taken.
+  EXPECT_TRUE(KvTransferConfig::parse(
+                  R"({"kv_connector": "multi", "kv_role": "kv_both", "engine_id": "e",)"
+                  R"( "kv_buffer_device": "cpu", "kv_connector_extra_config": {"connectors": [)"
+                  R"({"kv_connector": "offload", "kv_role": "kv_both"}, {"kv_connector": "ucx",)"
+                  R"( "kv_role": "kv_both"}]}})")
+                  .isOk());
+}
+
 // The flag carries the KV secret: a syntax error gives its position, never
 // the text around it (nlohmann's message ends with the token it last read,
 // here the secret's unterminated string).
