@@ -643,7 +643,6 @@ void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::s
     } else {
       continue;
     }
-    if (spec.kind == OptionKind::kJson) checkJsonOption(spec, name, value.text);
     row.set(options, value);
   }
 

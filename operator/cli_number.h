@@ -46,11 +46,10 @@ inline CLI::Validator integerIn(int64_t min, int64_t max = spec::kNoMax) {
   const std::string accepted = "must be " + spec::integerRangeText(min, max) + ", got ";
   return CLI::Validator(
       [=](std::string& text) -> std::string {
+        const bool integer = spec::isDecimalInteger(text);
+        // from_chars takes a '-' but no '+'.
         const std::string_view digits =
             text.starts_with('+') ? std::string_view(text).substr(1) : std::string_view(text);
-        const bool integer = !digits.empty() && !digits.starts_with('+') &&
-                             scanDecimal(digits, 0, {.exponent = false}) == digits.size() &&
-                             digits.find('.') == std::string_view::npos;
         int64_t value = 0;
         const char* end = digits.data() + digits.size();
         const auto [at, error] = std::from_chars(digits.data(), end, value);
