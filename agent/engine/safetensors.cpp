@@ -74,26 +74,47 @@ std::string shapeText(const std::vector<int64_t>& shape) {
 
 namespace {
 
+// `lane` repeated across a 64-bit word.
+template <typename Bits>
+constexpr uint64_t everyLane(Bits lane) {
+  uint64_t word = 0;
+  for (size_t i = 0; i < sizeof(uint64_t) / sizeof(Bits); ++i) {
+    word |= static_cast<uint64_t>(lane) << (8 * sizeof(Bits) * i);
+  }
+  return word;
+}
+
 // The first element whose bits under `exponent` are all ones (an IEEE
 // float's NaN or infinity; E4M3's NaN with `exponent` 0x7f). Elements are
 // loaded with memcpy: a tensor's data need not be aligned to its size.
+// Whole chunks are first asked whether any element matches, a 64-bit word
+// (2 to 8 elements) at a time: with y = (word & mask) ^ mask, a matching
+// element is a zero lane of y, and (y - ones) & ~y & high is non-zero
+// exactly when y has a zero lane (a borrow only crosses into a lane from a
+// zero lane below it). The chunk that answers yes, and the tail, are read
+// element by element for the index.
 template <typename Bits>
 std::optional<size_t> firstWithAllOnes(const uint8_t* data, size_t count, Bits exponent) {
+  constexpr size_t kLanes = sizeof(uint64_t) / sizeof(Bits);
   constexpr size_t kChunk = 4096;
-  for (size_t begin = 0; begin < count; begin += kChunk) {
-    const size_t end = std::min(count, begin + kChunk);
-    bool any = false;
-    for (size_t i = begin; i < end; ++i) {
-      Bits bits;
-      std::memcpy(&bits, data + i * sizeof(Bits), sizeof(Bits));
-      any |= (bits & exponent) == exponent;
+  constexpr uint64_t kOnes = everyLane<Bits>(1);
+  constexpr uint64_t kHigh = everyLane<Bits>(static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1)));
+  const uint64_t mask = everyLane<Bits>(exponent);
+  size_t begin = 0;
+  for (; begin + kChunk <= count; begin += kChunk) {
+    uint64_t any = 0;
+    for (size_t i = begin; i < begin + kChunk; i += kLanes) {
+      uint64_t word;
+      std::memcpy(&word, data + i * sizeof(Bits), sizeof(word));
+      const uint64_t y = (word & mask) ^ mask;
+      any |= (y - kOnes) & ~y & kHigh;
     }
-    if (!any) continue;
-    for (size_t i = begin; i < end; ++i) {
-      Bits bits;
-      std::memcpy(&bits, data + i * sizeof(Bits), sizeof(Bits));
-      if ((bits & exponent) == exponent) return i;
-    }
+    if (any != 0) break;
+  }
+  for (size_t i = begin; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, data + i * sizeof(Bits), sizeof(Bits));
+    if ((bits & exponent) == exponent) return i;
   }
   return std::nullopt;
 }

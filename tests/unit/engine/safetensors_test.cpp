@@ -131,6 +131,25 @@ TEST(SafetensorsTest, FirstNonFiniteFindsNanAndInfinityInEveryFloatDtype) {
     const Poisoned largest(c.dtype, {64}, c.one, 3, c.largest);
     EXPECT_FALSE(firstNonFinite(largest.tensor).has_value());
   }
+  // Whole chunks are asked several elements at a time: a NaN in any lane
+  // of a word among the largest finite values (every exponent bit but one
+  // set, in every neighbour) is found, and a chunk of them alone is finite.
+  for (const Case& c : {
+           Case{DType::kF32, 0, 0x7fc00001, 0, 0, 0x7f7fffff},
+           Case{DType::kBF16, 0, 0xffc1, 0, 0, 0xff7f},
+           Case{DType::kF16, 0, 0x7e00, 0, 0, 0xfbff},
+           Case{DType::kF8E4M3, 0, 0xff, 0, 0, 0xfe},
+       }) {
+    SCOPED_TRACE(dtypeSafetensorsName(c.dtype));
+    const Poisoned finite(c.dtype, {3, 4096}, c.largest, 0, c.largest);
+    EXPECT_FALSE(firstNonFinite(finite.tensor).has_value());
+    for (size_t at = 4096; at < 4096 + 8; ++at) {
+      const Poisoned nan(c.dtype, {3, 4096}, c.largest, at, c.nan);
+      EXPECT_EQ(firstNonFinite(nan.tensor).value().index, at);
+    }
+    const Poisoned last(c.dtype, {3, 4096}, c.largest, 2 * 4096 + 4095, c.nan);
+    EXPECT_EQ(firstNonFinite(last.tensor).value().index, 2 * 4096 + 4095);
+  }
   // U8 holds bytes whose meaning the tensor's use gives.
   const Poisoned bytes(DType::kU8, {16}, 0xff, 0, 0xff);
   EXPECT_FALSE(firstNonFinite(bytes.tensor).has_value());
