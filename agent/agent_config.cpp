@@ -14,6 +14,7 @@
 
 #include "agent/engine/speculative.h"
 #include "agent/kv/connector.h"
+#include "common/closest_match.h"
 #include "common/decimal_text.h"
 #include "common/http/http_limits.h"
 #include "common/json_parse.h"
@@ -260,13 +261,6 @@ std::string joined(const std::vector<std::string>& words) {
   return out;
 }
 
-bool isInteger(const std::string& text) {
-  size_t start = text.starts_with('-') || text.starts_with('+') ? 1 : 0;
-  return start < text.size() &&
-         std::all_of(text.begin() + static_cast<ptrdiff_t>(start), text.end(),
-                     [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // `name` is "--flag" or "file: key"; `got` the value as it is shown.
 [[noreturn]] void refuse(const OptionSpec& spec, const std::string& name, const std::string& got) {
   throw Error(name + " must be " + spec.accepted() + ", got " + got);
@@ -296,9 +290,9 @@ Value checkText(const OptionSpec& spec, const std::string& name, const std::stri
       int64_t parsed = 0;
       const auto [end, error] =
           std::from_chars(digits.data(), digits.data() + digits.size(), parsed);
-      if (!isInteger(text) || error != std::errc() || end != digits.data() + digits.size() ||
+      if (!isDecimalInteger(text) || error != std::errc() || end != digits.data() + digits.size() ||
           parsed < spec.min || parsed > spec.max) {
-        refuse(spec, name, shown(text, !isInteger(text)));
+        refuse(spec, name, shown(text, !isDecimalInteger(text)));
       }
       value.integer = parsed;
       return value;
@@ -448,21 +442,6 @@ std::optional<nlohmann::json> yamlFloat(const std::string& text) {
   }
   if (i != rest.size()) return std::nullopt;
   return nlohmann::json(std::strtod(text.c_str(), nullptr));
-}
-
-size_t editDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace
@@ -701,21 +680,6 @@ nlohmann::json yamlToJson(const YAML::Node& node, int depth) {
       return nullptr;
   }
   return nullptr;
-}
-
-std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_distance = 0;
-  for (const std::string& candidate : candidates) {
-    const size_t distance = editDistance(word, candidate);
-    if (best.empty() || distance < best_distance) {
-      best = candidate;
-      best_distance = distance;
-    }
-  }
-  // A typo: a few edits, fewer than half the word.
-  if (best.empty() || best_distance > 3 || best_distance * 2 >= word.size()) return "";
-  return best;
 }
 
 }  // namespace tandem::agent

@@ -98,8 +98,4 @@ YAML::Node loadServeConfigFile(const std::string& path);
 // giving a key twice, is refused, naming its line.
 nlohmann::json yamlToJson(const YAML::Node& node, int depth = 0);
 
-// The closest of `candidates` to `word`, or "" when none is close enough to
-// be a typo of it.
-std::string closestMatch(std::string_view word, const std::vector<std::string>& candidates);
-
 }  // namespace tandem::agent

@@ -36,6 +36,11 @@ size_t scanDecimal(std::string_view text, size_t at, DecimalForm form) {
   return i;
 }
 
+bool isDecimalInteger(std::string_view text) {
+  return scanDecimal(text, 0, DecimalForm{.exponent = false}) == text.size() &&
+         text.find('.') == std::string_view::npos;
+}
+
 std::optional<int64_t> byteSizeOf(std::string_view text) {
   if (text.empty() || text[0] < '0' || text[0] > '9') return std::nullopt;  // ".5" too
   const size_t end = scanDecimal(

@@ -25,6 +25,10 @@ struct DecimalForm {
 };
 size_t scanDecimal(std::string_view text, size_t at, DecimalForm form);
 
+// Whether `text` is a whole decimal integer, "[-+]?[0-9]+" (no spaces,
+// fraction, exponent or hex): what integer flags and fields accept.
+bool isDecimalInteger(std::string_view text);
+
 // The largest size byteSizeOf reads: 1 PiB.
 inline constexpr int64_t kMaxByteSize = int64_t{1} << 50;
 

@@ -46,7 +46,7 @@ inline CLI::Validator integerIn(int64_t min, int64_t max = spec::kNoMax) {
   const std::string accepted = "must be " + spec::integerRangeText(min, max) + ", got ";
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        const bool integer = spec::isDecimalInteger(text);
+        const bool integer = isDecimalInteger(text);
         // from_chars takes a '-' but no '+'.
         const std::string_view digits =
             text.starts_with('+') ? std::string_view(text).substr(1) : std::string_view(text);

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "agent/kv/connector_registry.h"
+#include "common/closest_match.h"
 #include "common/json_parse.h"
 
 namespace tandem::kv {
@@ -77,6 +78,31 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
     }
     config.extra = root["kv_connector_extra_config"];
   }
+  // A key no connector of this kind reads is refused: a misspelt secret
+  // (`secrett`) left the connector without one, a member's fault_injection
+  // was never applied.
+  {
+    std::vector<std::string> accepted = {"secret"};
+    if (field.empty()) {
+      // A multi connector's members take these from it (their own are
+      // refused before they are parsed).
+      for (const char* key : {"kv_load_failure_policy", "abort_timeout_s", "fault_injection"}) {
+        accepted.emplace_back(key);
+      }
+    }
+    accepted.insert(accepted.end(), kind->extra_keys.begin(), kind->extra_keys.end());
+    for (const auto& [key, value] : config.extra.items()) {
+      if (std::find(accepted.begin(), accepted.end(), key) != accepted.end()) continue;
+      std::string message = "kv-transfer-config: " + field + "kv_connector_extra_config." + key +
+                            " is not read by the " + config.connector + " connector";
+      if (std::string near = closestMatch(key, accepted); !near.empty()) {
+        message += " (did you mean " + near + "?)";
+      }
+      message += "; accepted keys: ";
+      for (size_t i = 0; i < accepted.size(); ++i) message += (i > 0 ? ", " : "") + accepted[i];
+      return invalidArgument(message);
+    }
+  }
   // Named, never shown: the value is a credential.
   if (auto secret = config.extra.find("secret");
       secret != config.extra.end() &&
@@ -130,8 +156,9 @@ StatusOr<KvTransferConfig> parseObject(const nlohmann::json& root, const std::st
         return invalidArgument("kv-transfer-config: " + connectors + "[" + std::to_string(i) +
                                "] must be a kv-transfer-config object, got " + object.dump());
       }
-      // One policy and one hold timeout for the whole multi connector.
-      for (const char* key : {"kv_load_failure_policy", "abort_timeout_s"}) {
+      // One policy, one hold timeout and one fault injection for the whole
+      // multi connector.
+      for (const char* key : {"kv_load_failure_policy", "abort_timeout_s", "fault_injection"}) {
         if (object.contains("kv_connector_extra_config") &&
             object["kv_connector_extra_config"].is_object() &&
             object["kv_connector_extra_config"].contains(key)) {

@@ -28,11 +28,18 @@ std::unique_ptr<KvConnector> makeMulti(const KvTransferConfig& config, engine::K
   return MultiConnector::create(config, cache, model_identity);
 }
 
+constexpr const char* kStorageKeys[] = {"shared_storage_path", "capacity_blocks", "capacity_bytes"};
+constexpr const char* kUcxKeys[] = {
+    "read_timeout_s", "peer_idle_timeout_s", "advertise_host", "remote_pull_threshold",
+    "kv_buffer",      "staging_blocks",      "hold_slots"};
+constexpr const char* kOffloadKeys[] = {"capacity_blocks", "capacity_bytes"};
+constexpr const char* kMultiKeys[] = {"connectors"};
+
 const ConnectorKind kConnectorKinds[] = {
-    {"storage", /*multi_member=*/true, /*needs_ucx_slab=*/false, makeStorage},
-    {"ucx", true, true, makeUcx},
-    {"offload", true, false, makeOffload},
-    {"multi", false, false, makeMulti},
+    {"storage", /*multi_member=*/true, /*needs_ucx_slab=*/false, makeStorage, kStorageKeys},
+    {"ucx", true, true, makeUcx, kUcxKeys},
+    {"offload", true, false, makeOffload, kOffloadKeys},
+    {"multi", false, false, makeMulti, kMultiKeys},
 };
 
 }  // namespace

@@ -19,6 +19,9 @@ struct ConnectorKind {
   bool needs_ucx_slab;  // its KV cache must be allocated by UCX
   std::unique_ptr<KvConnector> (*make)(const KvTransferConfig& config, engine::KvCache& cache,
                                        const std::string& model_identity);
+  // The kv_connector_extra_config keys it reads, besides those every
+  // connector's config has (connector.cpp): any other is refused at parse.
+  std::span<const char* const> extra_keys;
 };
 
 // Every connector, in the order messages list them.

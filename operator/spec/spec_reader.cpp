@@ -273,11 +273,6 @@ void requireNamedList(const YAML::Node& list, const std::string& path,
   }
 }
 
-bool isDecimalInteger(std::string_view text) {
-  return scanDecimal(text, 0, DecimalForm{.exponent = false}) == text.size() &&
-         text.find('.') == std::string_view::npos;
-}
-
 bool isQuantity(const std::string& text) {
   // A number and its exponent, or a number without one and one suffix.
   if (scanDecimal(text, 0, DecimalForm{}) == text.size()) return true;

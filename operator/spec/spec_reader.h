@@ -137,9 +137,6 @@ std::string readEnum(const YAML::Node& node, const std::string& path,
 nlohmann::json toJson(const YAML::Node& node, const DocumentContext& context,
                       const std::string& path);
 
-// "[-+]?[0-9]+"
-bool isDecimalInteger(std::string_view text);
-
 // A Kubernetes quantity as the API server parses it: a number ("1", "0.5",
 // ".5", "-2") and one suffix, binary (Ki Mi Gi Ti Pi Ei), decimal (n u m k M
 // G T P E) or an exponent ("1e3", "2E-2"). A string that is not one makes

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/serve_command.h"
+#include "common/closest_match.h"
 #include "common/status.h"
 
 namespace tandem::agent {

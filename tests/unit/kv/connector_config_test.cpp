@@ -193,6 +193,67 @@ TEST(KvTransferConfigParse, RepeatedKeysAndUnknownFieldsAreRefused) {
                   .isOk());
 }
 
+// Each connector takes the kv_connector_extra_config keys it reads: a
+// misspelt secret left a connector without one, a member's fault_injection
+// was never applied, a storage connector's read_timeout_s bounded nothing.
+TEST(KvTransferConfigParse, ExtraConfigKeysAreTheConnectorsOwn) {
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"kv_connector": "ucx", "kv_connector_extra_config": {"secrett": "s3cret"}})",
+            "kv-transfer-config: kv_connector_extra_config.secrett is not read by the ucx "
+            "connector (did you mean secret?); accepted keys: secret, kv_load_failure_policy, "
+            "abort_timeout_s, fault_injection, read_timeout_s, peer_idle_timeout_s, "
+            "advertise_host, remote_pull_threshold, kv_buffer, staging_blocks, hold_slots"},
+           {R"({"kv_connector": "storage", "kv_connector_extra_config":)"
+            R"( {"shared_storage_path": "/kv", "read_timeout_s": 5}})",
+            "kv-transfer-config: kv_connector_extra_config.read_timeout_s is not read by the "
+            "storage connector; accepted keys: secret, kv_load_failure_policy, abort_timeout_s, "
+            "fault_injection, shared_storage_path, capacity_blocks, capacity_bytes"},
+           {R"({"kv_connector": "offload", "kv_connector_extra_config": {"capacity_block": 8}})",
+            "kv-transfer-config: kv_connector_extra_config.capacity_block is not read by the "
+            "offload connector (did you mean capacity_blocks?); accepted keys: secret, "
+            "kv_load_failure_policy, abort_timeout_s, fault_injection, capacity_blocks, "
+            "capacity_bytes"},
+           {R"({"kv_connector": "multi", "kv_connector_extra_config": {"connectors": [)"
+            R"({"kv_connector": "offload", "kv_connector_extra_config": {"capacity_blocks": 8}}],)"
+            R"( "hold_slots": 4}})",
+            "kv-transfer-config: kv_connector_extra_config.hold_slots is not read by the multi "
+            "connector; accepted keys: secret, kv_load_failure_policy, abort_timeout_s, "
+            "fault_injection, connectors"},
+           {R"({"kv_connector": "multi", "kv_connector_extra_config": {"connectors": [)"
+            R"({"kv_connector": "ucx", "kv_connector_extra_config": {"hold_slot": 4}}]}})",
+            "kv-transfer-config: kv_connector_extra_config.connectors[0].kv_connector_extra_config."
+            "hold_slot is not read by the ucx connector (did you mean hold_slots?); accepted keys: "
+            "secret, read_timeout_s, peer_idle_timeout_s, advertise_host, remote_pull_threshold, "
+            "kv_buffer, staging_blocks, hold_slots"},
+           {R"({"kv_connector": "multi", "kv_connector_extra_config": {"connectors": [)"
+            R"({"kv_connector": "ucx", "kv_connector_extra_config":)"
+            R"( {"fault_injection": {"drop_blocks": "all"}}}]}})",
+            "kv-transfer-config: kv_connector_extra_config.connectors[0].kv_connector_extra_config."
+            "fault_injection is not accepted for a member; set it in the multi connector's "
+            "kv_connector_extra_config"},
+       }) {
+    StatusOr<KvTransferConfig> parsed = KvTransferConfig::parse(text);
+    ASSERT_FALSE(parsed.isOk()) << text;
+    EXPECT_EQ(parsed.status().message(), message) << text;
+  }
+  // Every key each connector reads is taken.
+  for (const char* text : {
+           R"({"kv_connector": "ucx", "kv_connector_extra_config": {"secret": "s",)"
+           R"( "kv_load_failure_policy": "fail", "abort_timeout_s": 60, "read_timeout_s": 5,)"
+           R"( "peer_idle_timeout_s": 30, "advertise_host": "10.0.0.1",)"
+           R"( "remote_pull_threshold": 2, "kv_buffer": "staging", "staging_blocks": 16,)"
+           R"( "hold_slots": 8, "fault_injection": {}}})",
+           R"({"kv_connector": "storage", "kv_connector_extra_config":)"
+           R"( {"shared_storage_path": "/kv", "capacity_bytes": 4096}})",
+           R"({"kv_connector": "multi", "kv_connector_extra_config": {"secret": "s",)"
+           R"( "connectors": [{"kv_connector": "offload", "kv_connector_extra_config":)"
+           R"( {"capacity_blocks": 8, "secret": "s"}}]}})",
+       }) {
+    StatusOr<KvTransferConfig> parsed = KvTransferConfig::parse(text);
+    EXPECT_TRUE(parsed.isOk()) << text << ": " << parsed.status().message();
+  }
+}
+
 // The flag carries the KV secret: a syntax error gives its position, never
 // the text around it (nlohmann's message ends with the token it last read,
 // here the secret's unterminated string).

@@ -883,7 +883,9 @@ TEST(ClusterSpecTest, ScannersAcceptWhatThePatternsDid) {
           << text;
       // A size is also a whole number of bytes from 1 to 1 PiB, which no
       // pattern says: what is read matches the pattern.
-      if (byteSizeOf(text)) EXPECT_TRUE(std::regex_match(text, size)) << text;
+      if (byteSizeOf(text)) {
+        EXPECT_TRUE(std::regex_match(text, size)) << text;
+      }
       return;
     }
     for (char c : alphabet) {
