@@ -553,12 +553,20 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   const StatusOr<int32_t> adapter = adapterFor(request.adapter);
   if (!adapter.isOk()) return adapter.status();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (draining_) return unavailable("the agent is draining: it takes no new requests");
-  if (stopping_) return unavailable("the engine is shutting down");
+  if (draining_ && !request.joins_admitted) {
+    return unavailable("the agent is draining: it takes no new requests");
+  }
+  // A later choice of an admitted request is served while the loop runs,
+  // until the stop's deadline, as its first choice is.
+  if (stopping_ && (!request.joins_admitted || inbox_closed_)) {
+    return unavailable("the engine is shutting down");
+  }
   if (known_ids_.count(request.id) != 0) {
     return invalidArgument("request id " + request.id + " is already in use");
   }
-  if (static_cast<int64_t>(inbox_.size()) + stats_.num_waiting >= config_.max_waiting_requests) {
+  if (!request.joins_admitted &&
+      static_cast<int64_t>(inbox_.size()) + stats_.num_waiting + request.admission_places >
+          config_.max_waiting_requests) {
     return resourceExhausted("too many waiting requests (" +
                              std::to_string(config_.max_waiting_requests) + "); retry later");
   }
@@ -1019,6 +1027,7 @@ void Engine::loop() {
       // A request queued just before the stop is served like the others.
       stop_now = stopping_ && ((inbox_.empty() && !scheduler_->hasWork() && !handing_over) ||
                                Clock::now() >= deadline_);
+      inbox_closed_ = stop_now;
     }
     if (stop_now) {
       if (handing_over) {

@@ -513,6 +513,9 @@ class Engine {
   int64_t num_handed_over_blocks_ = 0;  // engine thread only
   int64_t num_holds_yielded_ = 0;       // engine thread only
   bool loop_exited_ = false;
+  // Set with the decision to stop: nothing more enters the inbox (the loop
+  // drains it once more, then exits).
+  bool inbox_closed_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   bool stopping_ = false;
   // The loop has seen stopping_ (engine thread writes, under mutex_).

@@ -297,6 +297,10 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     child.id = ids[c];
     child.hand_over_on_drain = false;  // several streams in one: not movable
     child.can_hand_over = false;
+    // The first asks room for all; the others, added once it has its first
+    // token, are part of an admitted request.
+    child.admission_places = i == 0 ? static_cast<int64_t>(n) : 1;
+    child.joins_admitted = i > 0;
     if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
     // The first computes the prompt's logprobs; the others read its blocks.
     if (i > 0) child.sampling.prompt_logprobs.reset();
@@ -572,7 +576,10 @@ void HttpServer::routes() {
                   " engine requests (prompts x best_of), more than this agent's waiting queue "
                   "holds (--max-waiting-requests " +
                   std::to_string(most) + ")",
-              request.batch.empty() ? "best_of" : "prompt")));
+              // The field that made it so many (best_of is n unless given).
+              !request.batch.empty()        ? "prompt"
+              : request.best_of > request.n ? "best_of"
+                                            : "n")));
           co_return;
         }
         std::vector<ChoiceGroup> groups;

@@ -110,6 +110,15 @@ struct Request {
   // outputs carry no tokens, no text, 0 generated tokens, and end with
   // length.
   bool report_no_output = false;
+  // Places in the waiting queue (--max-waiting-requests) the request needs
+  // to be admitted: the first choice of a request with n > 1 (best_of)
+  // asks room for every choice, since the others follow it.
+  int64_t admission_places = 1;
+  // A later choice of a request already admitted (n > 1, best_of: added
+  // once the first choice has computed the prompt): it joins its request,
+  // so neither the waiting-request bound nor a drain refuses it (either
+  // would fail a request that was accepted, its first choice's work lost).
+  bool joins_admitted = false;
   Clock::time_point arrival = Clock::now();
 };
 

@@ -353,6 +353,15 @@ TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
   EXPECT_EQ(refused["error"]["message"],
             "this request is 6 engine requests (prompts x best_of), more than this agent's "
             "waiting queue holds (--max-waiting-requests 4)");
+  // One prompt: the field that makes it so many is named, best_of only
+  // when given above n.
+  json one = greedy(randomPrompt(10, 64), 3);
+  one["n"] = 5;
+  EXPECT_EQ(agent.post("/v1/completions", one, &status)["error"]["param"], "n");
+  EXPECT_EQ(status, 400);
+  one["n"] = 1;
+  one["best_of"] = 5;
+  EXPECT_EQ(agent.post("/v1/completions", one, &status)["error"]["param"], "best_of");
   body["prompt"].erase(2);
   const json served = agent.post("/v1/completions", body, &status);
   EXPECT_EQ(status, 200) << served.dump();

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <future>
 #include <iomanip>
 #include <sstream>
 #include <string>
@@ -372,6 +374,90 @@ TEST(SimulatedAgent, StepTimesFollowTheProfile) {
   EXPECT_LT(prefill_observed, prefill_predicted * 1.5 + 0.05);
   EXPECT_GE(decode_observed, decode_predicted);
   EXPECT_LT(decode_observed, decode_predicted * 1.5 + 0.05);
+}
+
+// A prefill step of a 200-token prompt takes 2 s: long enough for the
+// test to fill the queue, or drain the agent, while it runs.
+constexpr const char* kSlowPrefillProfile = R"(name: test-slow-prefill
+base_s: 0.0005
+prefill_token_s: 0.01
+decode_sequence_s: 0.0001
+model:
+  vocab_size: 512
+  max_position_embeddings: 512
+  kv_bytes_per_token: 131072
+)";
+
+// A request with n > 1 adds its later choices once the first has computed
+// the prompt. They join an admitted request: neither a waiting queue that
+// filled meanwhile nor a drain that began meanwhile refuses them (both used
+// to end the request with a 503 after its first choice's work, counted as
+// an abort, while requests that came later were served).
+TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
+  const std::vector<std::string> flags = {
+      "--simulate",
+      profileFile("slow-prefill.yaml", kSlowPrefillProfile).string(),
+      "--max-num-seqs",
+      "1",
+      "--max-waiting-requests",
+      "2"};
+  json two = greedy(randomPrompt(200, 41), 3);
+  two["n"] = 2;
+  for (const bool drain : {false, true}) {
+    SCOPED_TRACE(drain ? "drain" : "queue full");
+    Agent agent(flags);
+    auto first = std::async(std::launch::async, [&] {
+      int status = 0;
+      json out = agent.post("/v1/completions", two, &status);
+      return std::pair{status, out};
+    });
+    // Connections being answered, the scrape's own included. Its first
+    // choice is then in its 2-second prefill step (the engine's gauges are
+    // published after a step, the connections' at once).
+    auto active = [&] { return agent.metric("tandem_http_connections", "state=\"active\""); };
+    ASSERT_TRUE(eventually([&] { return active() == 2; }));
+    std::vector<std::future<std::pair<int, json>>> later;
+    if (drain) {
+      ::kill(agent.process().pid(), SIGTERM);
+      ASSERT_TRUE(eventually(
+          [&] { return agent.stderrText().find("draining for up to") != std::string::npos; }));
+    } else {
+      auto send = [&](int i) {
+        later.push_back(std::async(std::launch::async, [&agent, i] {
+          int status = 0;
+          json out = agent.post("/v1/completions", greedy(randomPrompt(8, 42 + i), 2), &status);
+          return std::pair{status, out};
+        }));
+      };
+      send(0);
+      ASSERT_TRUE(eventually([&] { return active() == 3; }));
+      // One place is left: a request of two choices needs both.
+      json another = two;
+      another["prompt"] = randomPrompt(8, 50);
+      int refused_status = 0;
+      const json refused = agent.post("/v1/completions", another, &refused_status);
+      EXPECT_EQ(refused_status, 503) << refused.dump();
+      EXPECT_EQ(refused["error"]["message"], "too many waiting requests (2); retry later");
+      // The last place: the queue is full behind the first as its prefill
+      // step ends and its second choice comes.
+      send(1);
+      ASSERT_TRUE(eventually([&] { return active() == 4; }));
+    }
+    const auto [status, out] = first.get();
+    ASSERT_EQ(status, 200) << out.dump();
+    ASSERT_EQ(out["choices"].size(), 2u) << out.dump();
+    for (const json& choice : out["choices"]) {
+      EXPECT_EQ(choice["finish_reason"], "length") << out.dump();
+      EXPECT_EQ(choice["token_ids"].size(), 3u) << out.dump();
+    }
+    if (!drain) {
+      for (auto& each : later) {
+        const auto [later_status, later_out] = each.get();
+        EXPECT_EQ(later_status, 200) << later_out.dump();
+      }
+      EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"abort\""), 0);
+    }
+  }
 }
 
 // The hand-off between simulated agents over each UCX transport.
