@@ -96,6 +96,21 @@ awaitable<void> endStreamWithAgentError(HttpExchange& exchange, const std::strin
   if (written) co_await exchange.finishChunked();
 }
 
+// Whether a decode agent's whole (not streamed) answer has a choice that
+// ended with finish_reason abort: cut short by the agent (its shutdown
+// deadline), the client being still there. Parsed only when the word is in
+// it.
+bool wholeAnswerCut(const std::string& body) {
+  if (body.find("\"abort\"") == std::string::npos) return false;
+  const json answer = parseJsonOrDiscarded(body);
+  if (!answer.is_object() || !answer.contains("choices") || !answer["choices"].is_array()) {
+    return false;
+  }
+  return std::any_of(answer["choices"].begin(), answer["choices"].end(), [](const json& choice) {
+    return choice.is_object() && choice.value("finish_reason", json()) == "abort";
+  });
+}
+
 std::string midStreamFailure(const std::string& agent, const std::string& what) {
   return "the decode agent " + agent + " failed mid-stream: " + what;
 }
@@ -1405,6 +1420,23 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
       TANDEM_LOG(kWarn) << "router: stream from " << decode->endpoint.name
                         << " ended with an error: " << splice->upstreamError();
       co_return DecodeOutcome::kUpstreamError;
+    }
+    // An agent ends a whole answer with finish_reason abort, its client
+    // still there, only when it stopped before the end (its shutdown
+    // deadline, as it drains): the answer is cut short, and sent again
+    // from its start to the next decode agent, as one whose connection
+    // broke (the client has heard nothing of it).
+    if (whole && status == 200 && wholeAnswerCut(whole_body)) {
+      leave_to_agent.answered = true;
+      metrics_.countUpstreamError(decode->endpoint.name);
+      metrics_.countMigration("error", "resent");
+      TANDEM_LOG(kWarn) << "router: answer from " << decode->endpoint.name << " to request "
+                        << exchange.request().id
+                        << " was cut short (finish_reason abort): sent again to the next decode "
+                           "agent";
+      // The agent drains: with no other agent fit now, the request waits
+      // for those replacing it, as one a draining agent refused.
+      co_return DecodeOutcome::kRefusedDraining;
     }
     if (whole) {
       const bool headers_sent =

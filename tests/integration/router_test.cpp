@@ -1999,6 +1999,68 @@ TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement)
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
+// The same for whole (not streamed) answers: the lone decode agent ends
+// each with finish_reason abort at its deadline; the router, which has
+// sent the client nothing yet, sends it again from its start to the agent
+// that replaces the lone one, and the client gets the undisturbed answer.
+// Before, the client got the cut answer as a 200.
+TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsReplacement) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{"--shutdown-timeout", "1"};
+  };
+  startCluster(options);
+  std::vector<json> bodies = streamBodies(2, 1010, 700);
+  std::vector<std::vector<int>> undisturbed;
+  {
+    Agent colocated({}, smallModelDir());
+    for (json& body : bodies) {
+      body.erase("stream");
+      undisturbed.push_back(tokenIds(colocated.post("/v1/completions", body)));
+    }
+  }
+  Agent& lone = *decode_[0];
+  std::unique_ptr<Agent> replacement;
+  std::vector<std::pair<int, json>> answers(bodies.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", router_->port());
+      client.set_read_timeout(120, 0);
+      auto res = client.Post("/v1/completions", bodies[i].dump(), "application/json");
+      if (res) answers[i] = {res->status, json::parse(res->body, nullptr, false)};
+    });
+  }
+  bool replaced = false;
+  std::thread replacer([&] {
+    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= 2; },
+                    std::chrono::seconds(20))) {
+      return;
+    }
+    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
+    if (!res || res->status != 202) return;
+    if (lone.process().wait(std::chrono::seconds(30)) != 0) return;
+    replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-0", "127.0.0.1", replacement->port()}});
+    replaced = true;
+  });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(replaced) << "the agent never ran both answers, refused the drain or failed";
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    const auto& [status, answer] = answers[i];
+    ASSERT_EQ(status, 200) << answer.dump();
+    EXPECT_EQ(answer["choices"][0]["finish_reason"], "length") << answer.dump();
+    EXPECT_EQ(tokenIds(answer), undisturbed[i]) << i;
+  }
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"error\""),
+            2);
+  EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
+}
+
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on
 // the lone decode agent were not asked to be handed over (nobody could
 // resume them then). When that agent drains after another has joined, the
