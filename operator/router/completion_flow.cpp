@@ -990,6 +990,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     co_await endStreamWithError(exchange, "every decode agent failed this request");
     co_return;
   }
+  if (!client.overload_refusal.empty()) {
+    // The last decode agent tried was full: its refusal, to retry later.
+    server::HttpResponse refusal = server::httpJsonResponse(503, client.overload_refusal);
+    refusal.set_header("Retry-After", "1");
+    co_await exchange.respond(std::move(refusal));
+    co_return;
+  }
   co_await exchange.respond(unavailable("every decode agent failed this request"));
 }
 
@@ -1228,16 +1235,22 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     co_return refusal;
   };
   if (agentFailed(status)) {
-    metrics_.countUpstreamError(decode->endpoint.name);
     // A drain's refusal (503, "the agent is draining: ..."): the agents
-    // that replace it may come, and the caller waits for them.
-    bool draining = false;
-    if (status == 503) {
-      const std::string refusal = co_await readRefusal(kMaxRefusalBytes);
-      draining = refusal.find("the agent is draining") != std::string::npos;
-    }
+    // that replace it may come, and the caller waits for them. A full
+    // waiting queue's (503, "too many waiting requests"): load, not a
+    // failure; another agent may take the request, else the client gets
+    // this refusal, to retry.
+    std::string refusal;
+    if (status == 503) refusal = co_await readRefusal(kMaxRefusalBytes);
     leave_to_agent.answered = true;
-    co_return draining ? DecodeOutcome::kRefusedDraining : DecodeOutcome::kFailedBeforeStart;
+    if (refusal.find("too many waiting requests") != std::string::npos) {
+      client.overload_refusal = std::move(refusal);
+      co_return DecodeOutcome::kRefusedOverloaded;
+    }
+    metrics_.countUpstreamError(decode->endpoint.name);
+    co_return refusal.find("the agent is draining") != std::string::npos
+        ? DecodeOutcome::kRefusedDraining
+        : DecodeOutcome::kFailedBeforeStart;
   }
   // A transfer this router arranged that the agent cannot take (a 400
   // naming kv_transfer_params: pools that store KV differently, as while a

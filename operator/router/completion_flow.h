@@ -93,6 +93,7 @@ class CompletionFlow {
     kRefused,            // the decode agent refused the request (4xx, passed through)
     kFailedBeforeStart,  // the decode agent failed; the client heard nothing
     kRefusedDraining,    // the same, refused by a draining agent (503)
+    kRefusedOverloaded,  // the same, its waiting queue full (503; client.overload_refusal)
     kTransferRefused,    // the agent cannot read the KV arranged for it (400 kv_transfer_params)
     kBrokenAfterStart,   // the decode agent failed mid-answer
     kStalled,            // mid-answer, nothing came for the upstream timeout
@@ -138,6 +139,9 @@ class CompletionFlow {
     // A whole answer's first token was seen (its TTFT observed): an answer
     // sent again elsewhere is not observed twice.
     bool first_token_seen = false;
+    // The last decode agent's refusal for load (its 503 "too many waiting
+    // requests"): what the client gets when no other agent takes it.
+    std::string overload_refusal;
   };
   // A stream (`splice` set) is relayed event by event through the splice
   // and handed over by a draining agent when `movable()` (another agent

@@ -2061,6 +2061,51 @@ TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsRep
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
+// A decode agent whose waiting queue is full refuses a request with 503
+// "too many waiting requests": load, not a failure. With no other decode
+// agent to take it, the client gets that refusal (with Retry-After, to
+// retry), counted as rejected and not as the agent's error. Before, it got
+// "every decode agent failed this request", and the agent's error count
+// rose as if it were broken.
+TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
+  };
+  startCluster(options);
+  // One runs, one waits; the others come while both are there.
+  constexpr int kRequests = 6;
+  std::vector<std::tuple<int, std::string, std::string>> answers(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", router_->port());
+      client.set_read_timeout(120, 0);
+      auto res = client.Post("/v1/completions",
+                             greedy(randomPrompt(40, 1100 + static_cast<uint32_t>(i)), 300).dump(),
+                             "application/json");
+      if (res) answers[i] = {res->status, res->body, res->get_header_value("Retry-After")};
+    });
+  }
+  for (auto& client : clients) client.join();
+  int refused = 0;
+  for (const auto& [status, body, retry_after] : answers) {
+    if (status == 200) continue;
+    ++refused;
+    EXPECT_EQ(status, 503) << body;
+    const json error = json::parse(body, nullptr, false);
+    EXPECT_EQ(error["error"]["message"], "too many waiting requests (1); retry later") << body;
+    EXPECT_EQ(retry_after, "1");
+  }
+  EXPECT_GE(refused, 1) << "the decode agent's queue never filled: nothing was tested";
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), refused);
+  EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total", "agent=\"decode-0\""), 0);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), refused);
+}
+
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on
 // the lone decode agent were not asked to be handed over (nobody could
 // resume them then). When that agent drains after another has joined, the
