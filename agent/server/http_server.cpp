@@ -470,6 +470,7 @@ HttpServer::HttpServer(engine::Engine& engine, const ServerConfig& config)
   metrics_.setLoraAdapters(adapters);
   if (!adapters.empty()) limits_.lora_adapters = [adapters] { return adapters; };
   limits_.max_model_len = engine_.maxModelLen();
+  limits_.kv_cache_tokens = engine_.numBlocks() * engine_.config().block_size;
   limits_.vocab_size = engine_.model().config().vocab_size;
   limits_.chat_template = config_.chat_template;
   limits_.chat_output = config_.chat_output;

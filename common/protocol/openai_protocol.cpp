@@ -766,8 +766,32 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
                               " for this prompt",
                           max_tokens_name);
   }
-  parsed.request.sampling.max_tokens =
-      max_tokens.value_or(std::min(room, limits.generation_defaults.max_new_tokens.value_or(room)));
+  // A KV cache smaller than max_model_len (the agent warned of it at
+  // start) bounds the request too: named as max_model_len is.
+  int64_t default_room = room;
+  if (const int64_t cache = limits.kv_cache_tokens; cache > 0 && cache < limits.max_model_len) {
+    if (prompt_len >= cache) {
+      return invalidRequest(std::string(prompt_label) + " is " + std::to_string(prompt_len) +
+                                " tokens, but this agent's KV cache holds " +
+                                std::to_string(cache) + " tokens; at most " +
+                                std::to_string(cache - 1) +
+                                " prompt tokens leave room for one generated token",
+                            prompt_param);
+    }
+    const int64_t cache_room = cache - prompt_len;
+    if (max_tokens && *max_tokens > cache_room) {
+      return invalidRequest(
+          std::string(prompt_label) + " (" + std::to_string(prompt_len) + " tokens) + " +
+              max_tokens_name + " (" + std::to_string(*max_tokens) +
+              ") exceeds what this agent's KV cache holds (" + std::to_string(cache) +
+              " tokens); " + max_tokens_name + " can be at most " + std::to_string(cache_room) +
+              " for this prompt",
+          max_tokens_name);
+    }
+    default_room = cache_room;
+  }
+  parsed.request.sampling.max_tokens = max_tokens.value_or(
+      std::min(default_room, limits.generation_defaults.max_new_tokens.value_or(default_room)));
   const Status status = protocol::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
                                                          limits.max_model_len, prompt_len);
   if (!status.isOk()) return fromStatus(status, leadingField(status.message()));

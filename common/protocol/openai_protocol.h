@@ -134,6 +134,11 @@ struct ServerLimits {
   // start, a router's its agents'. Unset: none.
   std::function<std::vector<std::string>()> lora_adapters;
   int64_t max_model_len = 0;
+  // The tokens the agent's KV cache holds (its blocks times the block
+  // size): a request's prompt plus max_tokens may not pass it, and a
+  // request without max_tokens gets at most what is left of it. 0: not
+  // known (the router's: its agents check).
+  int64_t kv_cache_tokens = 0;
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;
   // The model's chat template, parsed once at start-up and shared; null or

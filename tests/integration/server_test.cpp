@@ -305,6 +305,40 @@ TEST(Server, BadInputGetsClearErrorsAndServingContinues) {
   EXPECT_EQ(tokenIds(agent.post("/v1/completions", greedy(randomPrompt(10, 6), 3))).size(), 3u);
 }
 
+// A KV cache holding fewer tokens than max_model_len (24 blocks of 16: 384
+// of 512) bounds each request as max_model_len does: the agent says so at
+// start, a request without max_tokens generates up to the cache's end, and
+// one asking more is a 400 naming max_tokens and the most it may be. Before,
+// a request without max_tokens got a 400 it could not act on (its default
+// of 512 minus the prompt needed more blocks than the agent has, param null).
+TEST(Server, AKvCacheSmallerThanMaxModelLenBoundsEachRequest) {
+  Agent agent({"--num-blocks", "24"});
+  EXPECT_NE(agent.stderrText().find("the KV cache holds 384 tokens (24 blocks of 16), fewer than "
+                                    "max_model_len 512"),
+            std::string::npos)
+      << agent.stderrText();
+  json body = greedy(randomPrompt(100, 71), 1);
+  body.erase("max_tokens");
+  int status = 0;
+  const json whole = agent.post("/v1/completions", body, &status);
+  ASSERT_EQ(status, 200) << whole.dump();
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 284);
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "length");
+  body["max_tokens"] = 285;
+  json refused = agent.post("/v1/completions", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "max_tokens");
+  EXPECT_EQ(refused["error"]["message"],
+            "prompt (100 tokens) + max_tokens (285) exceeds what this agent's KV cache holds (384 "
+            "tokens); max_tokens can be at most 284 for this prompt");
+  refused = agent.post("/v1/completions", greedy(randomPrompt(384, 72), 1), &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(refused["error"]["param"], "prompt");
+  EXPECT_EQ(refused["error"]["message"],
+            "prompt is 384 tokens, but this agent's KV cache holds 384 tokens; at most 383 prompt "
+            "tokens leave room for one generated token");
+}
+
 TEST(Server, OverloadIsRefusedWithRetryAfter) {
   Agent agent({"--max-num-seqs", "1", "--max-waiting-requests", "1"});
   std::vector<int> statuses(6);
