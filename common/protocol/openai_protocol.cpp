@@ -172,8 +172,11 @@ class FieldReader {
         fail(param(name) + " must be an integer, got " + compactDump(value), param(name));
         return std::nullopt;
       }
-      // 2^63 is exactly representable; anything at or past it is out of range.
-      if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+      // 2^63 is exactly representable; anything at or past it is out of
+      // range. So is -2^63 itself as a double: an integer written in range
+      // is read as an integer, and one written below it (-2^63 - 1, ...)
+      // rounds to -2^63 as a double.
+      if (d > -9223372036854775808.0 && d < 9223372036854775808.0) {
         integer = static_cast<int64_t>(d);
       }
     }

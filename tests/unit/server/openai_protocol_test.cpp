@@ -441,6 +441,9 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("priority": "high")"), "priority",
           "priority must be an integer, got string"),
       bad(completion(R"("priority": 1.5)"), "priority", "priority must be an integer, got 1.5"),
+      // Below int64: read as a double, which rounds it to -2^63.
+      bad(completion(R"("priority": -9223372036854775809)"), "priority",
+          "priority must be a 64-bit integer, got -9.223372036854776e+18"),
       bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
           "kv_transfer_params must be an object, got string"),
       // Refused features.
