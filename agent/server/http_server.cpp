@@ -698,6 +698,9 @@ void HttpServer::routes() {
          {{"model_identity", engine_.modelIdentity()},
           {"block_size", engine_.config().block_size},
           {"prefix_caching_hash", hashAlgorithmName(engine_.config().hash_algorithm)},
+          // The tokens its KV cache holds: a router refuses a request no
+          // decode agent could hold before a prefill agent computes it.
+          {"kv_cache_tokens", limits_.kv_cache_tokens},
           // What a request leaves out is taken from (--generation-config).
           {"generation_defaults", config_.generation_defaults.toJson()},
           // The output parsers, which a router checks requests with.

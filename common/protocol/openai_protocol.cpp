@@ -774,22 +774,21 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
   int64_t default_room = room;
   if (const int64_t cache = limits.kv_cache_tokens; cache > 0 && cache < limits.max_model_len) {
     if (prompt_len >= cache) {
-      return invalidRequest(std::string(prompt_label) + " is " + std::to_string(prompt_len) +
-                                " tokens, but this agent's KV cache holds " +
-                                std::to_string(cache) + " tokens; at most " +
-                                std::to_string(cache - 1) +
-                                " prompt tokens leave room for one generated token",
-                            prompt_param);
+      return invalidRequest(
+          std::string(prompt_label) + " is " + std::to_string(prompt_len) + " tokens, but " +
+              limits.kv_cache_name + " holds " + std::to_string(cache) + " tokens; at most " +
+              std::to_string(cache - 1) + " prompt tokens leave room for one generated token",
+          prompt_param);
     }
     const int64_t cache_room = cache - prompt_len;
     if (max_tokens && *max_tokens > cache_room) {
-      return invalidRequest(
-          std::string(prompt_label) + " (" + std::to_string(prompt_len) + " tokens) + " +
-              max_tokens_name + " (" + std::to_string(*max_tokens) +
-              ") exceeds what this agent's KV cache holds (" + std::to_string(cache) +
-              " tokens); " + max_tokens_name + " can be at most " + std::to_string(cache_room) +
-              " for this prompt",
-          max_tokens_name);
+      return invalidRequest(std::string(prompt_label) + " (" + std::to_string(prompt_len) +
+                                " tokens) + " + max_tokens_name + " (" +
+                                std::to_string(*max_tokens) + ") exceeds what " +
+                                limits.kv_cache_name + " holds (" + std::to_string(cache) +
+                                " tokens); " + max_tokens_name + " can be at most " +
+                                std::to_string(cache_room) + " for this prompt",
+                            max_tokens_name);
     }
     default_room = cache_room;
   }

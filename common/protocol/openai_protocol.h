@@ -139,6 +139,8 @@ struct ServerLimits {
   // request without max_tokens gets at most what is left of it. 0: not
   // known (the router's: its agents check).
   int64_t kv_cache_tokens = 0;
+  // How messages name that cache.
+  const char* kv_cache_name = "this agent's KV cache";
   int64_t vocab_size = 0;  // the model's; token ids must be below it
   int32_t max_logprobs = 20;
   // The model's chat template, parsed once at start-up and shared; null or

@@ -248,6 +248,7 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
       const json answer = parseJsonOrDiscarded(models.body);
       adapters = adaptersOf(answer);
       identity = modelIdentityOf(answer);
+      agent.kv_cache_tokens = kvCacheTokensOf(answer);
     } catch (const std::exception& error) {
       TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
                         << " is not an agent's: " << error.what();

@@ -53,6 +53,9 @@ struct AgentState {
   std::atomic<int64_t> running{0};
   std::atomic<int64_t> waiting{0};
   std::atomic<double> kv_usage{0};
+  // The tokens its KV cache holds (/v1/models tandem.kv_cache_tokens); 0:
+  // not known yet.
+  std::atomic<int64_t> kv_cache_tokens{0};
   // Of the polled running + waiting, those the router's ledger did not hold
   // while the poll was under way: load another router or client sent.
   std::atomic<int64_t> external_requests{0};

@@ -144,11 +144,28 @@ std::string exhaustedMessage(const std::string& agent, const std::string& agent_
 
 // Parses and checks a request as an agent does: for chat, renders the
 // template (ended early when `cancel` is set) and tokenizes.
+// `decode_cache_tokens`: what the smallest KV cache among the healthy
+// decode agents holds (0: none known): a request it cannot hold is refused
+// here, in the agents' words, before a prefill agent computes its prompt.
 server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool chat,
                                                    const ModelView& model,
-                                                   const std::atomic<bool>& cancel) {
-  return chat ? server::parseChatCompletionRequest(body, model.limits, *model.tokenizer, &cancel)
-              : server::parseCompletionRequest(body, model.limits, *model.tokenizer);
+                                                   const std::atomic<bool>& cancel,
+                                                   int64_t decode_cache_tokens) {
+  server::ServerLimits limits = model.limits;
+  limits.kv_cache_tokens = decode_cache_tokens;
+  limits.kv_cache_name = "a decode agent's KV cache";
+  return chat ? server::parseChatCompletionRequest(body, limits, *model.tokenizer, &cancel)
+              : server::parseCompletionRequest(body, limits, *model.tokenizer);
+}
+
+int64_t smallestDecodeCache(const std::vector<AgentPtr>& decode_agents) {
+  int64_t smallest = 0;
+  for (const AgentPtr& agent : decode_agents) {
+    const int64_t tokens = agent->kv_cache_tokens;
+    if (!agent->healthy || tokens <= 0) continue;
+    smallest = smallest == 0 ? tokens : std::min(smallest, tokens);
+  }
+  return smallest;
 }
 
 // Whether a failed upstream call timed out (the agent stayed silent).
@@ -427,10 +444,11 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::atomic<bool> cancel{false};
   const std::string* body_text = &exchange.request().body;
   const ModelView* model_view = model.get();
+  const int64_t decode_cache_tokens = smallestDecodeCache(agents_.agentsOf(false));
   server::Result<server::ParsedRequest> parsed =
       co_await exchange.offload<server::Result<server::ParsedRequest>>(
-          [body_text, chat, model_view, &cancel] {
-            return parseRequest(*body_text, chat, *model_view, cancel);
+          [body_text, chat, model_view, &cancel, decode_cache_tokens] {
+            return parseRequest(*body_text, chat, *model_view, cancel, decode_cache_tokens);
           },
           cancel);
   if (exchange.clientGone()) {

@@ -37,6 +37,13 @@ std::string modelIdentityOf(const json& models_answer) {
   return tandem.value("model_identity", std::string());
 }
 
+int64_t kvCacheTokensOf(const json& models_answer) {
+  const json tandem = models_answer.at("data").at(0).value("tandem", json::object());
+  const auto it = tandem.find("kv_cache_tokens");
+  if (it == tandem.end() || !it->is_number_integer()) return 0;
+  return std::max<int64_t>(0, it->get<int64_t>());
+}
+
 bool ServedModel::wouldReplaceWith(const std::string& identity) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return replaceableLocked(identity);

@@ -66,6 +66,10 @@ std::vector<AdapterInfo> adaptersOf(const nlohmann::json& models_answer);
 // tandem.model_identity); "" when it gives none. Throws on an answer not
 // shaped as an agent's.
 std::string modelIdentityOf(const nlohmann::json& models_answer);
+// The tokens an agent's KV cache holds, from its /v1/models answer (its
+// first entry's tandem.kv_cache_tokens); 0 when it gives none or not a
+// positive integer. Throws on an answer not shaped as an agent's.
+int64_t kvCacheTokensOf(const nlohmann::json& models_answer);
 // Whether two agents' model identities may meet in one request (a prefill
 // agent's KV read by a decode agent, a stream resumed on another): equal,
 // or one not known ("").

@@ -2106,6 +2106,36 @@ TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
   EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), refused);
 }
 
+// A request the decode agents' KV caches cannot hold (here 24 blocks of 16:
+// 384 tokens) is refused by the router in the agents' words, before a
+// prefill agent computes its prompt: the decode agent would have refused it
+// once it was prefilled. One without max_tokens is served, generating up to
+// the decode agent's cache (that agent's default).
+TEST_F(RouterTest, ARequestNoDecodeAgentCanHoldIsRefusedBeforeItsPrefill) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{} : std::vector<std::string>{"--num-blocks", "24"};
+  };
+  startCluster(options);
+  json body = greedy(randomPrompt(100, 1200), 285);
+  const Answer first = post(body);
+  const json& refused = first.body;
+  EXPECT_EQ(first.status, 400) << refused.dump();
+  EXPECT_EQ(refused["error"]["param"], "max_tokens");
+  EXPECT_EQ(refused["error"]["message"],
+            "prompt (100 tokens) + max_tokens (285) exceeds what a decode agent's KV cache holds "
+            "(384 tokens); max_tokens can be at most 284 for this prompt");
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"invalid\""), 1);
+  EXPECT_EQ(prefill_[0]->metric("tandem_computed_tokens_total"), 0);
+  body.erase("max_tokens");
+  const Answer served = post(body);
+  ASSERT_EQ(served.status, 200) << served.body.dump();
+  EXPECT_EQ(served.body["usage"]["completion_tokens"], 284);
+  EXPECT_EQ(served.decision, "disaggregated");
+}
+
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on
 // the lone decode agent were not asked to be handed over (nobody could
 // resume them then). When that agent drains after another has joined, the
