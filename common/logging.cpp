@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -11,12 +13,26 @@
 namespace tandem {
 namespace {
 
+// Any case; "warning" too, as Python's levels (vLLM's VLLM_LOGGING_LEVEL)
+// are written. Another value is said once on stderr, and info it is.
 LogLevel thresholdFromEnv() {
   const char* env = std::getenv("TANDEM_LOG_LEVEL");
-  if (env == nullptr) return LogLevel::kInfo;
-  if (std::strcmp(env, "debug") == 0) return LogLevel::kDebug;
-  if (std::strcmp(env, "warn") == 0) return LogLevel::kWarn;
-  if (std::strcmp(env, "error") == 0) return LogLevel::kError;
+  if (env == nullptr || *env == '\0') return LogLevel::kInfo;
+  std::string level(env);
+  for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (level == "debug") return LogLevel::kDebug;
+  if (level == "info") return LogLevel::kInfo;
+  if (level == "warn" || level == "warning") return LogLevel::kWarn;
+  if (level == "error") return LogLevel::kError;
+  std::string shown = env;
+  if (shown.size() > 64) shown = shown.substr(0, 64) + "...";
+  for (char& c : shown) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  std::fprintf(stderr,
+               "W TANDEM_LOG_LEVEL \"%s\" is not a level (accepted: debug, info, warn, error): "
+               "logging at info\n",
+               shown.c_str());
   return LogLevel::kInfo;
 }
 

@@ -2,8 +2,8 @@
 //
 //   TANDEM_LOG(kInfo) << "loaded " << n << " tensors";
 //
-// The level threshold comes from TANDEM_LOG_LEVEL (debug|info|warn|error),
-// default info. Each line is written with one call so lines never interleave.
+// The level threshold comes from TANDEM_LOG_LEVEL (debug|info|warn|error,
+// any case, warning too), default info; another value is said on stderr. Each line is written with one call so lines never interleave.
 #pragma once
 
 #include <sstream>

@@ -339,6 +339,21 @@ TEST(Server, AKvCacheSmallerThanMaxModelLenBoundsEachRequest) {
             "tokens leave room for one generated token");
 }
 
+// TANDEM_LOG_LEVEL is read in any case ("WARNING" as Python writes it);
+// a value that is no level is said on stderr and info is kept (it was
+// taken silently as info).
+TEST(Server, ALogLevelThatIsNoLevelIsSaid) {
+  Agent bogus({}, tinyModelDir(), {{"TANDEM_LOG_LEVEL", "verbose"}});
+  EXPECT_NE(bogus.stderrText().find("W TANDEM_LOG_LEVEL \"verbose\" is not a level (accepted: "
+                                    "debug, info, warn, error): logging at info"),
+            std::string::npos)
+      << bogus.stderrText();
+  EXPECT_NE(bogus.stderrText().find("] serving tiny"), std::string::npos) << bogus.stderrText();
+  Agent quiet({}, tinyModelDir(), {{"TANDEM_LOG_LEVEL", "WARNING"}});
+  EXPECT_EQ(quiet.stderrText().find("is not a level"), std::string::npos) << quiet.stderrText();
+  EXPECT_EQ(quiet.stderrText().find("] serving tiny"), std::string::npos) << quiet.stderrText();
+}
+
 TEST(Server, OverloadIsRefusedWithRetryAfter) {
   Agent agent({"--max-num-seqs", "1", "--max-waiting-requests", "1"});
   std::vector<int> statuses(6);
