@@ -16,6 +16,7 @@
 #include "agent/kv/connector.h"
 #include "common/closest_match.h"
 #include "common/decimal_text.h"
+#include "common/file_text.h"
 #include "common/http/http_limits.h"
 #include "common/json_parse.h"
 #include "common/protocol/reasoning_parser.h"
@@ -24,6 +25,10 @@
 
 namespace tandem::agent {
 namespace {
+
+// The largest agent configuration file read (--config): real ones are a
+// few KB.
+constexpr uint64_t kMaxConfigFileBytes = 16ull << 20;
 
 // A checked value, in the form its kind needs.
 struct Value {
@@ -538,12 +543,24 @@ void addServeFlags(CLI::App& command) {
 }
 
 YAML::Node loadServeConfigFile(const std::string& path) {
-  YAML::Node root;
+  // A directory, a FIFO or a device in the file's place is refused naming
+  // it (not read through, nor waited on); a configuration is a few KB.
+  const std::optional<std::string> text = readModelFile(path, kMaxConfigFileBytes);
+  if (!text) throw Error(path + ": cannot open: no such file");
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::LoadFile(path);
+    documents = YAML::LoadAll(*text);
   } catch (const YAML::Exception& e) {
     throw Error(path + ": " + e.what());
   }
+  // A second document would be ignored, its options with it.
+  if (documents.size() > 1) {
+    throw Error(path + ": holds " + std::to_string(documents.size()) +
+                " YAML documents, the second at line " +
+                std::to_string(documents[1].Mark().line + 1) +
+                " (accepted: one mapping of option names to values)");
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   // A file of comments only sets nothing.
   if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw Error(path + ": must be a mapping of option names to values");

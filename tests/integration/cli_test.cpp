@@ -298,6 +298,20 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
   EXPECT_EQ(wrong_type.err, "tandem-agent: " + list.string() +
                                 ": max_num_seqs must be an integer between 1 and 4096, got a "
                                 "list\n");
+
+  // A second YAML document would be ignored, its options with it; a
+  // directory in the file's place is named as such.
+  const fs::path two = dir_ / "two.yaml";
+  std::ofstream(two) << "port: 8001\n---\nmax_num_seqs: 4\n";
+  CommandResult documents = run(serve + "--config '" + two.string() + "'");
+  EXPECT_EQ(documents.exit_code, 1) << documents.err;
+  EXPECT_EQ(documents.err, "tandem-agent: " + two.string() +
+                               ": holds 2 YAML documents, the second at line 3 (accepted: one "
+                               "mapping of option names to values)\n");
+  CommandResult directory = run(serve + "--config '" + dir_.string() + "'");
+  EXPECT_EQ(directory.exit_code, 1) << directory.err;
+  EXPECT_EQ(directory.err, "tandem-agent: " + dir_.string() +
+                               ": not a regular file (accepted: a file, or a link to one)\n");
 }
 
 // --lora-modules refused at start, each with one line naming the problem:
