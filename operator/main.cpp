@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -534,6 +535,31 @@ std::vector<AgentEndpoint> endpointsFromFlags(const std::vector<std::string>& te
   return endpoints;
 }
 
+// The agents given by address (flags or the Router file): each with its
+// own name, which labels its metrics and logs and keys the router's table
+// of agents (a second of one name replaced the first), and each address
+// once per role.
+void checkAgentList(const RouterConfig& config) {
+  std::map<std::string, std::string> roles;  // name -> "prefill" / "decode"
+  for (const auto& [role, agents] :
+       {std::pair<std::string, const std::vector<AgentEndpoint>*>{"prefill", &config.prefill},
+        {"decode", &config.decode}}) {
+    std::map<std::string, std::string> addresses;  // host:port -> name
+    for (const AgentEndpoint& agent : *agents) {
+      if (auto [it, inserted] = roles.emplace(agent.name, role); !inserted) {
+        throw Error("agent name " + agent.name + " is given twice (" + it->second + " and " + role +
+                    " agents): each agent needs its own name, which labels its metrics " +
+                    "and logs");
+      }
+      const std::string address = agent.host + ":" + std::to_string(agent.port);
+      if (auto [it, inserted] = addresses.emplace(address, agent.name); !inserted) {
+        throw Error("the " + role + " agent " + address + " is given twice (as " + it->second +
+                    " and " + agent.name + ")");
+      }
+    }
+  }
+}
+
 // Discovery and agents given by address exclude each other; pools are
 // named with discovery only, and it needs a decode pool (without prefill
 // pools every prompt is prefilled on a decode agent).
@@ -631,6 +657,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
   }
   if (given("--poll-interval")) config.poll_interval_s = flags.poll_interval_s;
   checkDiscoveryFlags(flags, config);
+  checkAgentList(config);
 
   std::mutex mutex;
   std::condition_variable signalled;

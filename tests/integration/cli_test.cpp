@@ -387,6 +387,23 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
 // The router's other number flags are checked as its file's fields are:
 // ranges enforced (a seed of -1 or a queue bound past int64 started), NaN
 // refused (a planner interval of nan spun the planner), decimal only.
+// Each agent given by address has its own name (it labels the agent's
+// metrics and logs, and keys the router's table of agents: a second of one
+// name replaced the first), and each address comes once per role.
+TEST_F(CliTest, TheRoutersAgentsHaveDistinctNamesAndAddresses) {
+  const std::string router = "timeout 10 " + bin("tandem-operator") + " router --port 0 ";
+  CommandResult names = run(router + "--prefill a=127.0.0.1:1 --decode a=127.0.0.1:2");
+  EXPECT_EQ(names.exit_code, 1) << names.err;
+  EXPECT_EQ(names.err,
+            "tandem-operator: agent name a is given twice (prefill and decode agents): each agent "
+            "needs its own name, which labels its metrics and logs\n");
+  CommandResult addresses = run(router + "--decode 127.0.0.1:2 --decode 127.0.0.1:2");
+  EXPECT_EQ(addresses.exit_code, 1) << addresses.err;
+  EXPECT_EQ(addresses.err,
+            "tandem-operator: the decode agent 127.0.0.1:2 is given twice (as decode-0 and "
+            "decode-1)\n");
+}
+
 TEST_F(CliTest, TheRoutersNumberFlagsAreCheckedAsItsFilesFields) {
   const std::string router =
       "timeout 10 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
