@@ -119,6 +119,25 @@ class RouterTest : public RouterCluster {
     std::string decision, prefill_agent, decode_agent;
     int blocks_moved = 0;
   };
+  // Once the lone decode agent (of the small model, beside one prefill
+  // agent) runs `busy` requests: drains it, waits for it to exit and lists
+  // a new decode agent in its place, as a rollout with maxSurge 0 does. The
+  // replacement, or null if the agent never got that busy, refused the
+  // drain or failed.
+  std::unique_ptr<Agent> replaceLoneDecodeAgentOnceBusy(int busy) {
+    Agent& lone = *decode_[0];
+    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= busy; },
+                    std::chrono::seconds(20))) {
+      return nullptr;
+    }
+    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
+    if (!res || res->status != 202) return nullptr;
+    if (lone.process().wait(std::chrono::seconds(30)) != 0) return nullptr;
+    auto replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
+    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                       {{"decode-0", "127.0.0.1", replacement->port()}});
+    return replacement;
+  }
   Answer post(const json& body, const std::string& path = "/v1/completions") {
     Answer answer;
     auto res = client_->Post(path.c_str(), body.dump(), "application/json");
@@ -1972,27 +1991,13 @@ TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement)
   startCluster(options);
   const std::vector<json> bodies = streamBodies(2, 1000, 700);
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
-  Agent& lone = *decode_[0];
   std::unique_ptr<Agent> replacement;
   std::vector<StreamedCompletion> streams;
   std::vector<std::thread> clients = streamConcurrently(router_->port(), bodies, streams);
-  bool replaced = false;
-  std::thread replacer([&] {
-    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= 2; },
-                    std::chrono::seconds(20))) {
-      return;
-    }
-    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
-    if (!res || res->status != 202) return;
-    if (lone.process().wait(std::chrono::seconds(30)) != 0) return;
-    replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
-    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
-                       {{"decode-0", "127.0.0.1", replacement->port()}});
-    replaced = true;
-  });
+  std::thread replacer([&] { replacement = replaceLoneDecodeAgentOnceBusy(2); });
   for (auto& client : clients) client.join();
   replacer.join();
-  ASSERT_TRUE(replaced) << "the agent never ran both streams, refused the drain or failed";
+  ASSERT_TRUE(replacement) << "the agent never ran both streams, refused the drain or failed";
   expectSameStreams(streams, undisturbed);
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resumed\",reason=\"error\""),
             2);
@@ -2021,7 +2026,6 @@ TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsRep
       undisturbed.push_back(tokenIds(colocated.post("/v1/completions", body)));
     }
   }
-  Agent& lone = *decode_[0];
   std::unique_ptr<Agent> replacement;
   std::vector<std::pair<int, json>> answers(bodies.size());
   std::vector<std::thread> clients;
@@ -2033,23 +2037,10 @@ TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsRep
       if (res) answers[i] = {res->status, json::parse(res->body, nullptr, false)};
     });
   }
-  bool replaced = false;
-  std::thread replacer([&] {
-    if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= 2; },
-                    std::chrono::seconds(20))) {
-      return;
-    }
-    auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
-    if (!res || res->status != 202) return;
-    if (lone.process().wait(std::chrono::seconds(30)) != 0) return;
-    replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
-    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
-                       {{"decode-0", "127.0.0.1", replacement->port()}});
-    replaced = true;
-  });
+  std::thread replacer([&] { replacement = replaceLoneDecodeAgentOnceBusy(2); });
   for (auto& client : clients) client.join();
   replacer.join();
-  ASSERT_TRUE(replaced) << "the agent never ran both answers, refused the drain or failed";
+  ASSERT_TRUE(replacement) << "the agent never ran both answers, refused the drain or failed";
   for (size_t i = 0; i < bodies.size(); ++i) {
     const auto& [status, answer] = answers[i];
     ASSERT_EQ(status, 200) << answer.dump();

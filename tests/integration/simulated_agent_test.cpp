@@ -29,18 +29,17 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace ::tandem::testing;  // NOLINT: the test vocabulary
 
-// Fast steps, the tiny model's context, 512 blocks from the default 1 GiB
-// (2 MiB per 16-token block).
-constexpr const char* kFastProfile = R"(name: test-fast
-description: short steps for API tests
-base_s: 0.0005
-prefill_token_s: 0.00001
-decode_sequence_s: 0.0001
-model:
-  vocab_size: 512
-  max_position_embeddings: 512
-  kv_bytes_per_token: 131072
-)";
+// Fast decode steps, the tiny model's context, 512 blocks from the default
+// 1 GiB (2 MiB per 16-token block); prefill at `prefill_token_s` per token.
+std::string shortStepsProfile(const std::string& name, double prefill_token_s) {
+  std::ostringstream out;
+  out << "name: " << name << "\ndescription: short steps for API tests\nbase_s: 0.0005"
+      << "\nprefill_token_s: " << prefill_token_s << "\ndecode_sequence_s: 0.0001"
+      << "\nmodel:\n  vocab_size: 512\n  max_position_embeddings: 512\n"
+      << "  kv_bytes_per_token: 131072\n";
+  return out.str();
+}
+const std::string kFastProfile = shortStepsProfile("test-fast", 0.00001);
 
 // Steps long enough to dominate scheduling noise; every term matters.
 constexpr double kBase = 0.02, kPrefillToken = 0.0005, kDecodeSequence = 0.005,
@@ -378,15 +377,7 @@ TEST(SimulatedAgent, StepTimesFollowTheProfile) {
 
 // A prefill step of a 200-token prompt takes 2 s: long enough for the
 // test to fill the queue, or drain the agent, while it runs.
-constexpr const char* kSlowPrefillProfile = R"(name: test-slow-prefill
-base_s: 0.0005
-prefill_token_s: 0.01
-decode_sequence_s: 0.0001
-model:
-  vocab_size: 512
-  max_position_embeddings: 512
-  kv_bytes_per_token: 131072
-)";
+const std::string kSlowPrefillProfile = shortStepsProfile("test-slow-prefill", 0.01);
 
 // A request with n > 1 adds its later choices once the first has computed
 // the prompt. They join an admitted request: neither a waiting queue that
