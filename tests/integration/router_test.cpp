@@ -119,6 +119,17 @@ class RouterTest : public RouterCluster {
     std::string decision, prefill_agent, decode_agent;
     int blocks_moved = 0;
   };
+  // One prefill and one decode agent of the small model, the decode
+  // agent stopping at most 1 s after a drain begins.
+  void startWithAShortShutdownTimeout() {
+    RouterClusterOptions options;
+    options.model = smallModelDir();
+    options.agent_args = [](bool prefill, int) {
+      return prefill ? std::vector<std::string>{}
+                     : std::vector<std::string>{"--shutdown-timeout", "1"};
+    };
+    startCluster(options);
+  }
   // Once the lone decode agent (of the small model, beside one prefill
   // agent) runs `busy` requests: drains it, waits for it to exit and lists
   // a new decode agent in its place, as a rollout with maxSurge 0 does. The
@@ -1982,13 +1993,7 @@ TEST_F(RouterTest, AfterARolloutToAnotherModelConversationsFollowTheirKv) {
 // Before, the client got the cut answer, ending with finish_reason abort
 // and [DONE] as if complete.
 TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement) {
-  RouterClusterOptions options;
-  options.model = smallModelDir();
-  options.agent_args = [](bool prefill, int) {
-    return prefill ? std::vector<std::string>{}
-                   : std::vector<std::string>{"--shutdown-timeout", "1"};
-  };
-  startCluster(options);
+  startWithAShortShutdownTimeout();
   const std::vector<json> bodies = streamBodies(2, 1000, 700);
   const std::vector<StreamedCompletion> undisturbed = colocatedStreams(bodies);
   std::unique_ptr<Agent> replacement;
@@ -2010,13 +2015,7 @@ TEST_F(RouterTest, AStreamCutAtItsAgentsShutdownDeadlineResumesOnItsReplacement)
 // that replaces the lone one, and the client gets the undisturbed answer.
 // Before, the client got the cut answer as a 200.
 TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsReplacement) {
-  RouterClusterOptions options;
-  options.model = smallModelDir();
-  options.agent_args = [](bool prefill, int) {
-    return prefill ? std::vector<std::string>{}
-                   : std::vector<std::string>{"--shutdown-timeout", "1"};
-  };
-  startCluster(options);
+  startWithAShortShutdownTimeout();
   std::vector<json> bodies = streamBodies(2, 1010, 700);
   std::vector<std::vector<int>> undisturbed;
   {
