@@ -3,8 +3,8 @@
 //   TANDEM_LOG(kInfo) << "loaded " << n << " tensors";
 //
 // The level threshold comes from TANDEM_LOG_LEVEL (debug|info|warn|error,
-// any case, warning too), default info; another value is said on stderr. Each line is written with
-// one call so lines never interleave.
+// any case, warning too), default info; another value is said on stderr.
+// Each line is written with one call so lines never interleave.
 #pragma once
 
 #include <sstream>
