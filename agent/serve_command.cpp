@@ -116,6 +116,8 @@ int runServe(CLI::App& command, ServeOptions& o) {
                       << *cpus.cgroup_limit << ")";
   }
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
+  // A --host it cannot listen on is refused now, not after the model's load.
+  (void)server::listenAddress(o.host, o.port);
   // A directory that a fetch is still filling (or that one left half done)
   // is never loaded: its weights may be partly written.
   if (auto problem = model_source::modelDirectoryProblem(o.model)) throw Error(*problem);

@@ -992,14 +992,26 @@ void raiseOpenFileLimit() {
 
 }  // namespace
 
+asio::ip::address listenAddress(const std::string& host, int port) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (!ec) return address;
+  asio::io_context context;
+  tcp::resolver resolver(context);
+  const auto results = resolver.resolve(host, std::to_string(port), ec);
+  if (ec || results.empty()) {
+    throw Error("cannot listen on " + host + ":" + std::to_string(port) +
+                ": not an IP address, nor a host name this machine resolves" +
+                (ec ? " (" + ec.message() + ")" : std::string()));
+  }
+  return results.begin()->endpoint().address();
+}
+
 int HttpService::bind(const std::string& host, int port, int backlog) {
   raiseOpenFileLimit();
   max_connections_ = connectionBound(limits_);
   boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec)
-    throw Error("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
-  tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
+  tcp::endpoint endpoint(listenAddress(host, port), static_cast<unsigned short>(port));
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);

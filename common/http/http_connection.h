@@ -287,7 +287,8 @@ class HttpService {
   // the check off (the default). Call before serve().
   void requireApiKey(std::string key, std::vector<std::string> exempt);
 
-  // Binds and listens (backlog `backlog`); the bound port. Throws tandem::Error.
+  // Binds and listens (backlog `backlog`) on listenAddress(host); the
+  // bound port. Throws tandem::Error.
   int bind(const std::string& host, int port, int backlog);
   // Serves until stop(); blocks (the calling thread is one of the io threads).
   void serve();
@@ -399,6 +400,13 @@ class HttpService {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;  // start()'s io threads
 };
+
+// The address a server given `host` listens on: an IP address as written,
+// or a host name's first address as the system resolves it ("localhost",
+// as vLLM's server takes it). Throws tandem::Error naming the host and port
+// when it is neither. A program may call it before its slow start-up (a
+// model's load) to refuse a bad --host at once.
+boost::asio::ip::address listenAddress(const std::string& host, int port);
 
 namespace detail {
 template <typename T>

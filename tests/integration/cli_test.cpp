@@ -482,6 +482,26 @@ TEST_F(CliTest, ARouterFlagGivenTwiceTakesItsLastValue) {
   EXPECT_NE(last_bad.err.find("cannot listen on 999.1.1.1:0"), std::string::npos) << last_bad.err;
 }
 
+// --host takes a host name the machine resolves ("localhost", as vLLM's
+// server does), and one it cannot is refused before the model loads (it
+// was refused after: "Invalid argument", a minute into an 8B model's load).
+TEST_F(CliTest, AHostNameIsResolvedAndOneThatIsNoneIsRefusedAtOnce) {
+  const std::string router =
+      "timeout 3 " + bin("tandem-operator") + " router --decode 127.0.0.1:2 --port 0 ";
+  CommandResult named = run(router + "--host localhost");
+  EXPECT_EQ(named.exit_code, 124) << named.err;  // it ran until stopped
+  EXPECT_NE(named.out.find("router listening on localhost:"), std::string::npos) << named.out;
+  const fs::path model = makeTinyModel("h", 4);
+  CommandResult refused = run("timeout 60 " + bin("tandem-agent") + " serve --model '" +
+                              model.string() + "' --port 0 --host no-such-host.invalid");
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_NE(refused.err.find("tandem-agent: cannot listen on no-such-host.invalid:0: not an IP "
+                             "address, nor a host name this machine resolves"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_EQ(refused.err.find("weights digest"), std::string::npos) << refused.err;
+}
+
 // --device takes cpu, cuda or auto; cuda needs a CUDA build and a visible GPU,
 // and says which is missing.
 TEST_F(CliTest, DeviceFlagNamesWhatIsAcceptedAndWhyCudaIsUnavailable) {
