@@ -683,10 +683,15 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     return !agent->healthy || !agent->listed || !sameModel(agent->modelIdentity(), request_model) ||
            (!request.adapter.empty() && !agent->serves(request.adapter, adapter_identity));
   };
+  // The process (its /health instance id) each decode agent tried had.
+  std::map<const AgentState*, std::string> tried_process;
   // Decode agents not in decode_order, listed since the decision (a
   // rollout's new agents, a scale-up) or not healthy then (one just listed,
   // not yet polled), join its end: a stream whose agents all went away
-  // meanwhile resumes on them (unfit() still judges each).
+  // meanwhile resumes on them (unfit() still judges each). So does one
+  // tried already that has since restarted at the same address (a new
+  // process: a lone agent's replacement keeps its name and address when
+  // its pod or process is restarted in place).
   auto admitNewcomers = [&] {
     for (const AgentPtr& agent : agents_.agentsOf(false)) {
       const auto known = std::find(decode_agents.begin(), decode_agents.end(), agent);
@@ -697,6 +702,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         input.decode.push_back(view(agent));
       }
       if (std::find(decode_order.begin(), decode_order.end(), index) == decode_order.end()) {
+        decode_order.push_back(index);
+        continue;
+      }
+      const auto tried = tried_process.find(agent.get());
+      const std::string process = agent->instanceId();
+      if (tried != tried_process.end() && !process.empty() && process != tried->second) {
+        tried->second = process;  // joins once per new process
         decode_order.push_back(index);
       }
     }
@@ -738,6 +750,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     }
     // A copy: admitting newcomers grows decode_agents.
     const AgentPtr decode = decode_agents[decode_order[attempt]];
+    tried_process[decode.get()] = decode->instanceId();
     if (attempt > 0 && !left_first) {
       left_first = true;
       if (!migrating) {

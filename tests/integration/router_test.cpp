@@ -132,10 +132,11 @@ class RouterTest : public RouterCluster {
   }
   // Once the lone decode agent (of the small model, beside one prefill
   // agent) runs `busy` requests: drains it, waits for it to exit and lists
-  // a new decode agent in its place, as a rollout with maxSurge 0 does. The
-  // replacement, or null if the agent never got that busy, refused the
-  // drain or failed.
-  std::unique_ptr<Agent> replaceLoneDecodeAgentOnceBusy(int busy) {
+  // a new decode agent in its place, as a rollout with maxSurge 0 does (or,
+  // `in_place`, starts the new one on the old one's port, under its name,
+  // as a process or pod restarted in place). The replacement, or null if
+  // the agent never got that busy, refused the drain or failed.
+  std::unique_ptr<Agent> replaceLoneDecodeAgentOnceBusy(int busy, bool in_place = false) {
     Agent& lone = *decode_[0];
     if (!eventually([&] { return lone.metric("tandem_num_requests_running") >= busy; },
                     std::chrono::seconds(20))) {
@@ -144,9 +145,13 @@ class RouterTest : public RouterCluster {
     auto res = lone.client()->Post("/admin/drain", "{}", "application/json");
     if (!res || res->status != 202) return nullptr;
     if (lone.process().wait(std::chrono::seconds(30)) != 0) return nullptr;
-    auto replacement = std::make_unique<Agent>(roleArgs("decode"), smallModelDir());
-    router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
-                       {{"decode-0", "127.0.0.1", replacement->port()}});
+    std::vector<std::string> args = roleArgs("decode");
+    if (in_place) args.insert(args.end(), {"--port", std::to_string(lone.port())});
+    auto replacement = std::make_unique<Agent>(args, smallModelDir());
+    if (!in_place) {
+      router_->setAgents({{"prefill-0", "127.0.0.1", prefill_[0]->port()}},
+                         {{"decode-0", "127.0.0.1", replacement->port()}});
+    }
     return replacement;
   }
   Answer post(const json& body, const std::string& path = "/v1/completions") {
@@ -2048,6 +2053,43 @@ TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsRep
   }
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"error\""),
             2);
+  EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
+}
+
+// The same when the lone decode agent is restarted in place (its name and
+// address kept, a new process): a stream and a whole answer cut at its
+// shutdown deadline go to the new process once it is healthy. Before, the
+// router took the address for one it had tried: the client got an error
+// after --migration-timeout while the new process stood idle.
+TEST_F(RouterTest, AnswersCutOnALoneAgentGoToItsProcessRestartedInPlace) {
+  startWithAShortShutdownTimeout();
+  // One stream, one whole answer.
+  const std::vector<json> streamed = streamBodies(1, 1020, 700);
+  json whole_body = streamBodies(1, 1021, 700)[0];
+  whole_body.erase("stream");
+  const std::vector<StreamedCompletion> undisturbed = colocatedStreams(streamed);
+  std::vector<int> undisturbed_whole;
+  {
+    Agent colocated({}, smallModelDir());
+    undisturbed_whole = tokenIds(colocated.post("/v1/completions", whole_body));
+  }
+  std::unique_ptr<Agent> replacement;
+  std::vector<StreamedCompletion> streams;
+  std::vector<std::thread> clients = streamConcurrently(router_->port(), streamed, streams);
+  std::pair<int, json> whole;
+  clients.emplace_back([&] {
+    httplib::Client client("127.0.0.1", router_->port());
+    client.set_read_timeout(120, 0);
+    auto res = client.Post("/v1/completions", whole_body.dump(), "application/json");
+    if (res) whole = {res->status, json::parse(res->body, nullptr, false)};
+  });
+  std::thread replacer([&] { replacement = replaceLoneDecodeAgentOnceBusy(2, true); });
+  for (auto& client : clients) client.join();
+  replacer.join();
+  ASSERT_TRUE(replacement) << "the agent never ran both answers, refused the drain or failed";
+  expectSameStreams(streams, undisturbed);
+  ASSERT_EQ(whole.first, 200) << whole.second.dump();
+  EXPECT_EQ(tokenIds(whole.second), undisturbed_whole);
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
