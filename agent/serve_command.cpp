@@ -295,17 +295,6 @@ int runServe(CLI::App& command, ServeOptions& o) {
   if (Status advertised = engine.advertiseKvAddress(o.host, server.port()); !advertised.isOk()) {
     throw Error(advertised.message());
   }
-  // vLLM refuses to start so; here the cache bounds each request instead
-  // (docs/configuration.md), said once.
-  if (const int64_t cache_tokens = engine.numBlocks() * o.block_size;
-      cache_tokens < engine.maxModelLen()) {
-    TANDEM_LOG(kWarn) << "the KV cache holds " << cache_tokens << " tokens (" << engine.numBlocks()
-                      << " blocks of " << o.block_size << "), fewer than max_model_len "
-                      << engine.maxModelLen()
-                      << ": a request's prompt plus max_tokens may not pass " << cache_tokens
-                      << ", and one without max_tokens generates at most that minus its prompt "
-                         "(give the cache more memory, or lower --max-model-len)";
-  }
   TANDEM_LOG(kInfo) << "serving " << server_config.served_model_name << " on http://" << o.host
                     << ":" << server.port() << " (" << engine.numBlocks() << " KV blocks of "
                     << o.block_size << " tokens, max_model_len " << engine.maxModelLen() << ", on "

@@ -290,11 +290,15 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<KvSlabAllocator> allo
     throw Error("KV cache memory of " + std::to_string(config_.kv_cache_memory_bytes) +
                 " bytes holds no block of " + std::to_string(kv.blockBytes()) + " bytes");
   }
-  const int64_t blocks_per_sequence = (max_model_len_ + kv.block_size - 1) / kv.block_size;
-  if (kv.num_blocks < blocks_per_sequence) {
-    TANDEM_LOG(kWarn) << "KV cache of " << kv.num_blocks
-                      << " blocks holds less than one sequence of " << max_model_len_
-                      << " tokens; long requests will be refused";
+  // vLLM refuses to start so; here the cache bounds each request instead
+  // (the server's limits, docs/configuration.md).
+  if (const int64_t cache_tokens = kv.num_blocks * kv.block_size; cache_tokens < max_model_len_) {
+    TANDEM_LOG(kWarn) << "the KV cache holds " << cache_tokens << " tokens (" << kv.num_blocks
+                      << " blocks of " << kv.block_size << "), fewer than max_model_len "
+                      << max_model_len_ << ": a request's prompt plus max_tokens may not pass "
+                      << cache_tokens
+                      << ", and one without max_tokens generates at most that minus its prompt "
+                         "(give the cache more memory, or lower --max-model-len)";
   }
   if (allocator) {
     allocator->bindBackend(*backend_);

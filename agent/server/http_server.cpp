@@ -572,15 +572,18 @@ void HttpServer::routes() {
             request.best_of * (1 + static_cast<int64_t>(request.batch.size()));
         if (const int64_t most = engine_.config().max_waiting_requests; candidates > most) {
           metrics_.observeRejected("invalid");
+          // The field that made it so many (best_of is n unless given).
+          const char* field = !request.batch.empty()        ? "prompt"
+                              : request.best_of > request.n ? "best_of"
+                                                            : "n";
+          const std::string why = !request.batch.empty()      ? "prompts x best_of"
+                                  : std::string(field) == "n" ? "one per choice"
+                                                              : "one per best_of candidate";
           co_await exchange.respond(errorResponse(invalidRequest(
-              "this request is " + std::to_string(candidates) +
-                  " engine requests (prompts x best_of), more than this agent's waiting queue "
-                  "holds (--max-waiting-requests " +
+              "this request is " + std::to_string(candidates) + " engine requests (" + why +
+                  "), more than this agent's waiting queue holds (--max-waiting-requests " +
                   std::to_string(most) + ")",
-              // The field that made it so many (best_of is n unless given).
-              !request.batch.empty()        ? "prompt"
-              : request.best_of > request.n ? "best_of"
-                                            : "n")));
+              field)));
           co_return;
         }
         std::vector<ChoiceGroup> groups;

@@ -357,8 +357,12 @@ TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
   // when given above n.
   json one = greedy(randomPrompt(10, 64), 3);
   one["n"] = 5;
-  EXPECT_EQ(agent.post("/v1/completions", one, &status)["error"]["param"], "n");
+  const json by_n = agent.post("/v1/completions", one, &status);
   EXPECT_EQ(status, 400);
+  EXPECT_EQ(by_n["error"]["param"], "n");
+  EXPECT_EQ(by_n["error"]["message"],
+            "this request is 5 engine requests (one per choice), more than this agent's waiting "
+            "queue holds (--max-waiting-requests 4)");
   one["n"] = 1;
   one["best_of"] = 5;
   EXPECT_EQ(agent.post("/v1/completions", one, &status)["error"]["param"], "best_of");
