@@ -717,36 +717,41 @@ TEST_F(LocalModeTest, WithoutAKvSecretTheRunMakesOneThatAgentsAndRouterShare) {
   EXPECT_EQ(run_error_, "");
 }
 
-// A pool with a secret of its own keeps it; a pool without one still gets
-// the run's (an empty TANDEM_KV_SECRET in its env is none, and replaced),
-// so no agent of the cluster follows unsigned descriptors.
-TEST_F(LocalModeTest, APoolWithoutASecretOfItsOwnGetsTheRunsBesideOneWithIts) {
-  std::string text = clusterYaml(1, 1);
-  const size_t prefill_end = text.find("    shutdownTimeoutSeconds: 5\n") + 30;
-  text.insert(prefill_end, "  kvTransfer:\n    extraConfig:\n      secret: alpha\n");
-  const size_t decode_end = text.find("    shutdownTimeoutSeconds: 5\n", prefill_end) + 30;
-  text.insert(decode_end, "  env:\n    - name: TANDEM_KV_SECRET\n      value: \"\"\n");
-  const fs::path file = dir_.write("cluster.yaml", text);
-  LocalMode mode(options(file), fakeRouter());
-  start(mode);
-  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
-  std::string secret;
-  {
-    std::lock_guard<std::mutex> lock(log_->mutex);
-    secret = log_->spec.kv_secret;  // the decode pool's, which is the run's
-  }
-  ASSERT_EQ(secret.size(), 64u);
-  auto environment = [&](const char* name) {
-    return readProcFile("/proc/" + std::to_string(agent(mode, name)->pid) + "/environ");
+// The agents of one cluster sign and check their KV requests with one
+// secret: a pool with a secret of its own beside one without (which got the
+// run's), or two pools with different ones, are refused at start naming
+// them (each decode agent refused every prefill agent's descriptor: every
+// request a 403), and no agent starts.
+TEST_F(LocalModeTest, PoolsWhoseKvSecretsDifferAreRefusedAtStart) {
+  const std::string base = clusterYaml(1, 1);
+  const size_t prefill_end = base.find("    shutdownTimeoutSeconds: 5\n") + 30;
+  const size_t decode_end = base.find("    shutdownTimeoutSeconds: 5\n", prefill_end) + 30;
+  auto with = [&](const std::string& prefill, const std::string& decode) {
+    std::string text = base;
+    text.insert(decode_end, decode);  // the later place first
+    text.insert(prefill_end, prefill);
+    return text;
   };
-  EXPECT_NE(environment("prefill-0").find(std::string("TANDEM_KV_SECRET=alpha") + '\0'),
-            std::string::npos);
-  const std::string decode = environment("decode-0");
-  EXPECT_NE(decode.find("TANDEM_KV_SECRET=" + secret + '\0'), std::string::npos);
-  EXPECT_EQ(decode.find(std::string("TANDEM_KV_SECRET=") + '\0'), std::string::npos);
-  mode.requestStop();
-  runner_.join();
-  EXPECT_EQ(run_error_, "");
+  const std::string alpha = "  kvTransfer:\n    extraConfig:\n      secret: alpha\n";
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           // An empty TANDEM_KV_SECRET in its env is none.
+           {with(alpha, "  env:\n    - name: TANDEM_KV_SECRET\n      value: \"\"\n"),
+            "pool prefill has a KV secret and pool decode has none: the agents of one cluster "
+            "sign and check their KV requests with one (set the same kvTransfer.extraConfig."
+            "secret or TANDEM_KV_SECRET on every pool, or on none: local mode then makes one)"},
+           {with(alpha, "  env:\n    - name: TANDEM_KV_SECRET\n      value: beta\n"),
+            "pools prefill and decode have different KV secrets: the agents of one cluster sign "
+            "and check their KV requests with one (set the same kvTransfer.extraConfig.secret or "
+            "TANDEM_KV_SECRET on every pool, or on none: local mode then makes one)"},
+       }) {
+    const fs::path file = dir_.write("cluster.yaml", text);
+    LocalMode mode(options(file), fakeRouter());
+    start(mode);
+    runner_.join();
+    EXPECT_EQ(run_error_, message);
+    EXPECT_TRUE(childPids(::getpid()).empty());
+    run_error_.clear();
+  }
 }
 
 TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
