@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 #include <span>
+#include <variant>
 #include <vector>
 
 #include "common/jinja/unicode.h"
@@ -752,46 +753,42 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
   if (prompt_len == 0) {
     return invalidRequest(std::string(prompt_label) + " must not be empty", prompt_param);
   }
-  if (prompt_len >= limits.max_model_len) {
-    return invalidRequest(std::string(prompt_label) + " is " + std::to_string(prompt_len) +
-                              " tokens, but max_model_len is " +
-                              std::to_string(limits.max_model_len) + "; at most " +
-                              std::to_string(limits.max_model_len - 1) +
-                              " prompt tokens leave room for one generated token",
-                          prompt_param);
-  }
-  const int64_t room = limits.max_model_len - prompt_len;
-  if (max_tokens && *max_tokens > room) {
-    return invalidRequest(std::string(prompt_label) + " (" + std::to_string(prompt_len) +
-                              " tokens) + " + max_tokens_name + " (" + std::to_string(*max_tokens) +
-                              ") exceeds max_model_len (" + std::to_string(limits.max_model_len) +
-                              "); " + max_tokens_name + " can be at most " + std::to_string(room) +
-                              " for this prompt",
-                          max_tokens_name);
-  }
-  // A KV cache smaller than max_model_len (the agent warned of it at
-  // start) bounds the request too: named as max_model_len is.
-  int64_t default_room = room;
-  if (const int64_t cache = limits.kv_cache_tokens; cache > 0 && cache < limits.max_model_len) {
-    if (prompt_len >= cache) {
-      return invalidRequest(
-          std::string(prompt_label) + " is " + std::to_string(prompt_len) + " tokens, but " +
-              limits.kv_cache_name + " holds " + std::to_string(cache) + " tokens; at most " +
-              std::to_string(cache - 1) + " prompt tokens leave room for one generated token",
-          prompt_param);
+  // A bound of `bound` tokens on prompt + max_tokens, which `is_text`
+  // ("max_model_len is 512") and `exceeds_text` ("max_model_len (512)")
+  // name: the room it leaves for the completion, or the refusal.
+  auto within = [&](int64_t bound, const std::string& is_text,
+                    const std::string& exceeds_text) -> std::variant<int64_t, ApiError> {
+    if (prompt_len >= bound) {
+      return invalidRequest(std::string(prompt_label) + " is " + std::to_string(prompt_len) +
+                                " tokens, but " + is_text + "; at most " +
+                                std::to_string(bound - 1) +
+                                " prompt tokens leave room for one generated token",
+                            prompt_param);
     }
-    const int64_t cache_room = cache - prompt_len;
-    if (max_tokens && *max_tokens > cache_room) {
+    const int64_t room = bound - prompt_len;
+    if (max_tokens && *max_tokens > room) {
       return invalidRequest(std::string(prompt_label) + " (" + std::to_string(prompt_len) +
                                 " tokens) + " + max_tokens_name + " (" +
-                                std::to_string(*max_tokens) + ") exceeds what " +
-                                limits.kv_cache_name + " holds (" + std::to_string(cache) +
-                                " tokens); " + max_tokens_name + " can be at most " +
-                                std::to_string(cache_room) + " for this prompt",
+                                std::to_string(*max_tokens) + ") exceeds " + exceeds_text + "; " +
+                                max_tokens_name + " can be at most " + std::to_string(room) +
+                                " for this prompt",
                             max_tokens_name);
     }
-    default_room = cache_room;
+    return room;
+  };
+  const std::string model_len = std::to_string(limits.max_model_len);
+  std::variant<int64_t, ApiError> room = within(
+      limits.max_model_len, "max_model_len is " + model_len, "max_model_len (" + model_len + ")");
+  // A KV cache smaller than max_model_len (the agent warned of it at
+  // start) bounds the request too, named as max_model_len is.
+  if (const int64_t cache = limits.kv_cache_tokens;
+      std::holds_alternative<int64_t>(room) && cache > 0 && cache < limits.max_model_len) {
+    const std::string holds = std::to_string(cache) + " tokens";
+    room = within(cache, std::string(limits.kv_cache_name) + " holds " + holds,
+                  "what " + std::string(limits.kv_cache_name) + " holds (" + holds + ")");
   }
+  if (const ApiError* error = std::get_if<ApiError>(&room)) return *error;
+  const int64_t default_room = std::get<int64_t>(room);
   parsed.request.sampling.max_tokens = max_tokens.value_or(
       std::min(default_room, limits.generation_defaults.max_new_tokens.value_or(default_room)));
   const Status status = protocol::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
