@@ -250,13 +250,18 @@ void fetchModelSources(std::vector<PoolSpec>& pools, const std::string& file,
   }
 }
 
-}  // namespace
-
-void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
-  // One secret for the cluster: a prefill agent's descriptors are checked
-  // by its decode agents with theirs (different ones refused every
-  // request with a 403). Named, never shown.
-  const PoolSpec* keyed = nullptr;    // the first pool with a secret of its own
+// One KV secret for the cluster: a prefill agent's descriptors are checked
+// by its decode agents with theirs (different ones refused every request
+// with a 403). Throws tandem::Error naming two pools whose secrets differ,
+// or one with a secret of its own and one without (which would get the
+// run's); the secrets are never shown.
+void requireOneKvSecret(const std::vector<PoolSpec>& pools) {
+  const std::string why =
+      ": the agents of one cluster sign and check their KV requests with one (set the same "
+      "kvTransfer.extraConfig.secret or TANDEM_KV_SECRET on every pool, or on none: local mode "
+      "then makes one)";
+  const PoolSpec* keyed = nullptr;  // the first pool with a secret of its own
+  std::string keyed_secret;
   const PoolSpec* unkeyed = nullptr;  // the first without
   for (const PoolSpec& pool : pools) {
     const std::string secret = poolKvSecret(pool);
@@ -264,19 +269,22 @@ void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
       if (unkeyed == nullptr) unkeyed = &pool;
     } else if (keyed == nullptr) {
       keyed = &pool;
-    } else if (secret != poolKvSecret(*keyed)) {
-      throw Error("pools " + keyed->name + " and " + pool.name +
-                  " have different KV secrets: the agents of one cluster sign and check their "
-                  "KV requests with one (set the same kvTransfer.extraConfig.secret or "
-                  "TANDEM_KV_SECRET on every pool, or on none: local mode then makes one)");
+      keyed_secret = secret;
+    } else if (secret != keyed_secret) {
+      throw Error("pools " + keyed->name + " and " + pool.name + " have different KV secrets" +
+                  why);
     }
   }
   if (keyed != nullptr && unkeyed != nullptr) {
-    throw Error("pool " + keyed->name + " has a KV secret and pool " + unkeyed->name +
-                " has none: the agents of one cluster sign and check their KV requests with one "
-                "(set the same kvTransfer.extraConfig.secret or TANDEM_KV_SECRET on every pool, "
-                "or on none: local mode then makes one)");
+    throw Error("pool " + keyed->name + " has a KV secret and pool " + unkeyed->name + " has none" +
+                why);
   }
+}
+
+}  // namespace
+
+void LocalMode::secureKvTransfer(std::vector<PoolSpec>& pools) const {
+  requireOneKvSecret(pools);
   for (PoolSpec& pool : pools) {
     if (!poolKvSecret(pool).empty()) continue;
     // An empty TANDEM_KV_SECRET in spec.env is no secret: replaced.
@@ -571,8 +579,7 @@ void LocalMode::reloadIfChanged(AgentSupervisor& supervisor, const RouterSpec& r
   ClusterSpec cluster;
   try {
     cluster = parseClusterSpec(*text, source);
-    std::vector<PoolSpec> checked = cluster.pools;
-    secureKvTransfer(checked);  // its secrets agree, or it is refused here
+    requireOneKvSecret(cluster.pools);
   } catch (const Error& e) {
     return refuse(e.what());
   }

@@ -174,8 +174,8 @@ class LocalMode {
   // or in this process's environment) this run's random one as
   // TANDEM_KV_SECRET in its env, so that agents follow only the descriptors
   // their peers and the router signed. The same secret for the whole run,
-  // reloads included. Throws tandem::Error naming two pools whose secrets
-  // differ (or one with a secret, one without).
+  // reloads included. Throws tandem::Error when the pools would not share
+  // one secret (requireOneKvSecret, local_mode.cpp).
   void secureKvTransfer(std::vector<spec::PoolSpec>& pools) const;
   void runPlanner(AgentSupervisor& supervisor);
   // Binds the metrics port (throws tandem::Error when it cannot) and serves
