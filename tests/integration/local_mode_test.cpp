@@ -721,7 +721,7 @@ TEST_F(LocalModeTest, WithoutAKvSecretTheRunMakesOneThatAgentsAndRouterShare) {
 // secret: a pool with a secret of its own beside one without (which got the
 // run's), or two pools with different ones, are refused at start naming
 // them (each decode agent refused every prefill agent's descriptor: every
-// request a 403), and no agent starts.
+// request a 403), and no agent starts; a reload making them so is refused.
 TEST_F(LocalModeTest, PoolsWhoseKvSecretsDifferAreRefusedAtStart) {
   const std::string base = clusterYaml(1, 1);
   const size_t prefill_end = base.find("    shutdownTimeoutSeconds: 5\n") + 30;
@@ -752,6 +752,23 @@ TEST_F(LocalModeTest, PoolsWhoseKvSecretsDifferAreRefusedAtStart) {
     EXPECT_TRUE(childPids(::getpid()).empty());
     run_error_.clear();
   }
+  // A reload that would make them so is refused, the running cluster kept.
+  const fs::path file = dir_.write("cluster.yaml", base);
+  LocalMode mode(options(file), fakeRouter());
+  start(mode);
+  ASSERT_TRUE(eventually([&] { return log_->isStarted(); }, seconds(120))) << run_error_;
+  const std::vector<pid_t> running = childPids(::getpid());
+  rewrite(file, with(alpha, ""));
+  ASSERT_TRUE(eventually([&] {
+    return mode.fileError() ==
+           "pool prefill has a KV secret and pool decode has none: the agents of one cluster "
+           "sign and check their KV requests with one (set the same kvTransfer.extraConfig."
+           "secret or TANDEM_KV_SECRET on every pool, or on none: local mode then makes one)";
+  })) << mode.fileError();
+  EXPECT_EQ(childPids(::getpid()), running);
+  mode.requestStop();
+  runner_.join();
+  EXPECT_EQ(run_error_, "");
 }
 
 TEST_F(LocalModeTest, StopWhileStartingStopsTheAgents) {
