@@ -96,19 +96,12 @@ awaitable<void> endStreamWithAgentError(HttpExchange& exchange, const std::strin
   if (written) co_await exchange.finishChunked();
 }
 
-// Whether a decode agent's whole (not streamed) answer has a choice that
-// ended with finish_reason abort: cut short by the agent (its shutdown
-// deadline), the client being still there. Parsed only when the word is in
-// it.
+// Whether a decode agent's whole (not streamed) answer was cut short by it
+// (cutByItsAgent). Parsed only when the word is in it.
 bool wholeAnswerCut(const std::string& body) {
   if (body.find("\"abort\"") == std::string::npos) return false;
   const json answer = parseJsonOrDiscarded(body);
-  if (!answer.is_object() || !answer.contains("choices") || !answer["choices"].is_array()) {
-    return false;
-  }
-  return std::any_of(answer["choices"].begin(), answer["choices"].end(), [](const json& choice) {
-    return choice.is_object() && choice.value("finish_reason", json()) == "abort";
-  });
+  return answer.is_object() && answer.contains("choices") && cutByItsAgent(answer["choices"]);
 }
 
 std::string midStreamFailure(const std::string& agent, const std::string& what) {

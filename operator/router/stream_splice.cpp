@@ -1,10 +1,18 @@
 #include "operator/router/stream_splice.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/protocol/openai_protocol.h"
 
 namespace tandem::router {
+
+bool cutByItsAgent(const nlohmann::json& choices) {
+  return choices.is_array() &&
+         std::any_of(choices.begin(), choices.end(), [](const nlohmann::json& choice) {
+           return choice.is_object() && choice.value("finish_reason", nlohmann::json()) == "abort";
+         });
+}
 
 using json = nlohmann::ordered_json;  // a chunk is relayed with its keys in order
 
@@ -77,15 +85,12 @@ std::string StreamSplice::relay(std::string_view event) {
       chunk.contains("choices") && chunk["choices"].is_array() ? &chunk["choices"] : nullptr;
   if (choices != nullptr && !choices->empty()) {
     json& choice = (*choices)[0];
-    // An agent ends an answer with finish_reason abort, its client still
-    // there, only when it stops before the end (its shutdown deadline): an
-    // error, kept from the client, which the router moves like one (the
-    // tokens of this chunk, if any, are generated again where it resumes).
-    for (const json& each : *choices) {
-      if (each.is_object() && each.value("finish_reason", json()) == "abort") {
-        upstream_error_ = "the agent stopped before the answer's end (finish_reason abort)";
-        return "";
-      }
+    // A cut answer: an error, kept from the client, which the router moves
+    // like one (the tokens of this chunk, if any, are generated again where
+    // it resumes).
+    if (cutByItsAgent(*choices)) {
+      upstream_error_ = "the agent stopped before the answer's end (finish_reason abort)";
+      return "";
     }
     if (auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
       for (const json& id : *ids) {

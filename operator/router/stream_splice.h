@@ -26,6 +26,12 @@
 
 namespace tandem::router {
 
+// Whether an agent's `choices` (a stream chunk's, or a whole answer's) hold
+// one that ended with finish_reason abort: an agent ends an answer so, its
+// client still there, only when it stops before the end (its shutdown
+// deadline): the answer was cut short.
+bool cutByItsAgent(const nlohmann::json& choices);
+
 class StreamSplice {
  public:
   // `resumed`: token ids the client's own request resumed from (its
