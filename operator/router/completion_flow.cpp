@@ -994,6 +994,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
         }
       }
     }
+    // A whole answer cut short is counted once its fate is known: sent
+    // again to the next agent, or lost for want of one.
+    if (client.cut_whole != nullptr) {
+      const bool lost = next >= decode_order.size();
+      metrics_.countMigration(client.cut_whole, lost ? "exhausted" : "resent");
+      if (lost) {
+        TANDEM_LOG(kWarn) << "router: request " << exchange.request().id
+                          << ": no decode agent to send its cut answer to again";
+      }
+      client.cut_whole = nullptr;
+    }
     if (migrating && next >= decode_order.size()) {
       metrics_.countMigration("failure", "exhausted");
       co_await releaseLend();
@@ -1238,7 +1249,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     TANDEM_LOG(kWarn) << "router: decode on " << decode->endpoint.name << " failed: " << e.what();
     // An agent answers a whole request only at its end: one that failed
     // once it had the request cut the answer short.
-    if (whole && sent) metrics_.countMigration(timedOut(e) ? "stall" : "failure", "resent");
+    if (whole && sent) client.cut_whole = timedOut(e) ? "stall" : "failure";
     co_return DecodeOutcome::kFailedBeforeStart;
   }
   if (exchange.clientGone()) co_return DecodeOutcome::kClientGone;
@@ -1466,11 +1477,11 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
     if (whole && status == 200 && wholeAnswerCut(whole_body)) {
       leave_to_agent.answered = true;
       metrics_.countUpstreamError(decode->endpoint.name);
-      metrics_.countMigration("error", "resent");
+      client.cut_whole = "error";
       TANDEM_LOG(kWarn) << "router: answer from " << decode->endpoint.name << " to request "
                         << exchange.request().id
-                        << " was cut short (finish_reason abort): sent again to the next decode "
-                           "agent";
+                        << " was cut short (finish_reason abort): to be sent again to the next "
+                           "decode agent";
       // The agent drains: with no other agent fit now, the request waits
       // for those replacing it, as one a draining agent refused.
       co_return DecodeOutcome::kRefusedDraining;
@@ -1502,7 +1513,7 @@ awaitable<CompletionFlow::DecodeOutcome> CompletionFlow::decodeOn(
                       << decode->endpoint.name << " broke: " << broken;
     // The client has heard nothing of a whole answer: sent again elsewhere.
     if (whole) {
-      metrics_.countMigration(stalled ? "stall" : "failure", "resent");
+      client.cut_whole = stalled ? "stall" : "failure";
       co_return DecodeOutcome::kFailedBeforeStart;
     }
     // A spliced stream is resumed elsewhere by the caller, or ended there.

@@ -142,6 +142,10 @@ class CompletionFlow {
     // The last decode agent's refusal for load (its 503 "too many waiting
     // requests"): what the client gets when no other agent takes it.
     std::string overload_refusal;
+    // Why the last decode agent cut a whole answer short (the migration
+    // reason), until the caller sends it again (outcome resent) or finds
+    // no agent to (exhausted); nullptr: it did not.
+    const char* cut_whole = nullptr;
   };
   // A stream (`splice` set) is relayed event by event through the splice
   // and handed over by a draining agent when `movable()` (another agent

@@ -93,8 +93,8 @@ RouterMetrics::RouterMetrics(std::chrono::steady_clock::duration keep_errors_of_
                          "timeout; drain: the agent handed the stream over; error: the agent "
                          "ended it with an error event) and outcome: "
                          "resumed (on the next decode agent, from the tokens sent), exhausted "
-                         "(none left: an error event), resent (a whole answer cut short, sent "
-                         "again to the next decode agent).")
+                         "(none left: an error event, or a 503 for a whole answer), resent (a "
+                         "whole answer cut short, sent again to the next decode agent).")
                      .Register(*registry_);
   for (const char* reason : {"failure", "stall", "drain", "error"}) {
     for (const char* outcome : {"resumed", "exhausted", "resent"}) {

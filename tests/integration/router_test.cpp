@@ -2056,6 +2056,45 @@ TEST_F(RouterTest, AWholeAnswerCutAtItsAgentsShutdownDeadlineIsSentAgainToItsRep
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
+// A whole answer cut at a lone decode agent's shutdown deadline with no
+// agent to replace it within --migration-timeout (here 1 s) is lost: the
+// client gets a 503, and the migration is counted exhausted, not resent.
+// Before, it was counted resent as soon as it was cut, whether or not any
+// agent got it again.
+TEST_F(RouterTest, AWholeAnswerCutWithNoAgentToSendItAgainIsCountedExhausted) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.migration_timeout_s = 1;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{"--shutdown-timeout", "1"};
+  };
+  startCluster(options);
+  json body = streamBodies(1, 1015, 700)[0];
+  body.erase("stream");
+  std::pair<int, json> answer;
+  std::thread client([&] {
+    httplib::Client http("127.0.0.1", router_->port());
+    http.set_read_timeout(120, 0);
+    auto res = http.Post("/v1/completions", body.dump(), "application/json");
+    if (res) answer = {res->status, json::parse(res->body, nullptr, false)};
+  });
+  Agent& lone = *decode_[0];
+  const bool busy = eventually([&] { return lone.metric("tandem_num_requests_running") >= 1; },
+                               std::chrono::seconds(20));
+  auto drained = lone.client()->Post("/admin/drain", "{}", "application/json");
+  client.join();
+  ASSERT_TRUE(busy) << "the decode agent never ran the request";
+  ASSERT_TRUE(drained && drained->status == 202);
+  EXPECT_EQ(answer.first, 503) << answer.second.dump();
+  EXPECT_EQ(answer.second["error"]["message"], "every decode agent failed this request")
+      << answer.second.dump();
+  EXPECT_EQ(
+      routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"error\""), 1);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"error\""),
+            0);
+}
+
 // The same when the lone decode agent is restarted in place (its name and
 // address kept, a new process): a stream and a whole answer cut at its
 // shutdown deadline go to the new process once it is healthy. Before, the
