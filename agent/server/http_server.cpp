@@ -704,6 +704,10 @@ void HttpServer::routes() {
           // The tokens its KV cache holds: a router refuses a request no
           // decode agent could hold before a prefill agent computes it.
           {"kv_cache_tokens", limits_.kv_cache_tokens},
+          // The requests it lets wait (--max-waiting-requests): a router
+          // passes over a decode agent whose queue it saw full, rather
+          // than prefill a request that agent would refuse.
+          {"max_waiting_requests", engine_.config().max_waiting_requests},
           // What a request leaves out is taken from (--generation-config).
           {"generation_defaults", config_.generation_defaults.toJson()},
           // The output parsers, which a router checks requests with.

@@ -248,7 +248,8 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
       const json answer = parseJsonOrDiscarded(models.body);
       adapters = adaptersOf(answer);
       identity = modelIdentityOf(answer);
-      agent.kv_cache_tokens = kvCacheTokensOf(answer);
+      agent.kv_cache_tokens = agentCountOf(answer, "kv_cache_tokens");
+      agent.max_waiting_requests = agentCountOf(answer, "max_waiting_requests");
     } catch (const std::exception& error) {
       TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
                         << " is not an agent's: " << error.what();

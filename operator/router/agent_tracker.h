@@ -56,6 +56,15 @@ struct AgentState {
   // The tokens its KV cache holds (/v1/models tandem.kv_cache_tokens); 0:
   // not known yet.
   std::atomic<int64_t> kv_cache_tokens{0};
+  // The requests it lets wait (/v1/models tandem.max_waiting_requests); 0:
+  // not known.
+  std::atomic<int64_t> max_waiting_requests{0};
+  // Whether its waiting queue was full at the last poll: it would refuse a
+  // request sent now ("too many waiting requests").
+  bool queueFull() const {
+    const int64_t most = max_waiting_requests;
+    return most > 0 && waiting >= most;
+  }
   // Of the polled running + waiting, those the router's ledger did not hold
   // while the poll was under way: load another router or client sent.
   std::atomic<int64_t> external_requests{0};

@@ -151,6 +151,49 @@ server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool
               : server::parseCompletionRequest(body, limits, *model.tokenizer);
 }
 
+// A decode agent whose waiting queue was full at its last poll would refuse
+// a request sent now, once a prefill agent had computed its prompt: while
+// another healthy one's is not, those are passed over (their views made
+// unhealthy for this decision). Returns whether every healthy one's was
+// full (none passed over then: the request is refused before its prefill).
+// A queue that fills between two polls still refuses after the prefill.
+bool passOverFullQueues(std::vector<AgentView>& views, const std::vector<AgentPtr>& agents) {
+  size_t open = 0;
+  size_t full = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (!views[i].healthy) continue;
+    ++(agents[i]->queueFull() ? full : open);
+  }
+  if (open == 0) return full > 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (!views[i].healthy || !agents[i]->queueFull()) continue;
+    views[i].healthy = false;
+    views[i].leading_blocks = 0;
+  }
+  return false;
+}
+
+// Without max_tokens an agent generates up to what max_model_len, or its
+// own KV cache when smaller, leaves: decode agents whose caches differ
+// would give one request answers of different lengths, by where it went
+// (and a stream resumed on another agent a bound of the other's). When the
+// smallest decode agent's cache is below max_model_len, the bound the
+// request was parsed with (that cache's) is written into the body, so it
+// is the same wherever the request runs. Not for a batch of prompts: each
+// prompt has its own default, which one field cannot give.
+void boundDefaultMaxTokens(Body& body, const server::ParsedRequest& parsed, int64_t max_model_len,
+                           int64_t decode_cache_tokens) {
+  if (decode_cache_tokens <= 0 || decode_cache_tokens >= max_model_len || !parsed.batch.empty()) {
+    return;
+  }
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    const auto given = body.find(name);
+    if (given != body.end() && !given->is_null()) return;
+  }
+  body.erase("max_completion_tokens");  // a null one would be read first
+  body["max_tokens"] = parsed.request.sampling.max_tokens;
+}
+
 int64_t smallestDecodeCache(const std::vector<AgentPtr>& decode_agents) {
   int64_t smallest = 0;
   for (const AgentPtr& agent : decode_agents) {
@@ -460,6 +503,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   Body body = std::move(parsed.value().body);
   body.erase("kv_transfer_params");  // only the router sets these
   const protocol::Request& request = parsed.value().request;
+  boundDefaultMaxTokens(body, parsed.value(), model->limits.max_model_len, decode_cache_tokens);
   const bool streaming = parsed.value().stream;
 
   const auto decide_start = Clock::now();
@@ -517,11 +561,13 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   Decision decision;
   LoadLedger::Reservation prefill_reservation;
   LoadLedger::Reservation decode_reservation;
+  bool decode_queues_full = false;  // every healthy decode agent's was, at its last poll
   {
     auto lock = ledger_.lock();
     for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
-    decision = chooser_.choose(input);
+    decode_queues_full = passOverFullQueues(input.decode, decode_agents);
+    if (!decode_queues_full) decision = chooser_.choose(input);
     if (decision.decode) {
       // The agents of another model than the chosen decode agent's are out
       // of this request; chosen ones (a prefill agent, a lender) make it
@@ -595,6 +641,15 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     expect(decision.prefill ? input.prefill[*decision.prefill] : input.decode[*decision.decode]);
   }
   const uint64_t logged = decisions_.record(input, decision, policyName(chooser_.options().policy));
+  if (!decision.decode && decode_queues_full) {
+    // Load, as an agent's own refusal: the client retries later.
+    metrics_.countDecision("rejected");
+    server::HttpResponse refusal = unavailable(
+        "every decode agent's waiting queue is full (--max-waiting-requests); retry later");
+    refusal.set_header("Retry-After", "1");
+    co_await exchange.respond(std::move(refusal));
+    co_return;
+  }
   if (!decision.decode) {
     metrics_.countDecision("rejected");
     // A request for an adapter says so: other decode agents may serve the

@@ -37,9 +37,9 @@ std::string modelIdentityOf(const json& models_answer) {
   return tandem.value("model_identity", std::string());
 }
 
-int64_t kvCacheTokensOf(const json& models_answer) {
+int64_t agentCountOf(const json& models_answer, const char* key) {
   const json tandem = models_answer.at("data").at(0).value("tandem", json::object());
-  const auto it = tandem.find("kv_cache_tokens");
+  const auto it = tandem.find(key);
   if (it == tandem.end() || !it->is_number_integer()) return 0;
   return std::max<int64_t>(0, it->get<int64_t>());
 }

@@ -66,10 +66,11 @@ std::vector<AdapterInfo> adaptersOf(const nlohmann::json& models_answer);
 // tandem.model_identity); "" when it gives none. Throws on an answer not
 // shaped as an agent's.
 std::string modelIdentityOf(const nlohmann::json& models_answer);
-// The tokens an agent's KV cache holds, from its /v1/models answer (its
-// first entry's tandem.kv_cache_tokens); 0 when it gives none or not a
-// positive integer. Throws on an answer not shaped as an agent's.
-int64_t kvCacheTokensOf(const nlohmann::json& models_answer);
+// A count an agent gives in its /v1/models answer (its first entry's
+// tandem.<key>: kv_cache_tokens, max_waiting_requests); 0 when it gives
+// none or not a positive integer. Throws on an answer not shaped as an
+// agent's.
+int64_t agentCountOf(const nlohmann::json& models_answer, const char* key);
 // Whether two agents' model identities may meet in one request (a prefill
 // agent's KV read by a decode agent, a stream resumed on another): equal,
 // or one not known ("").

@@ -2137,11 +2137,13 @@ TEST_F(RouterTest, AnswersCutOnALoneAgentGoToItsProcessRestartedInPlace) {
 // agent to take it, the client gets that refusal (with Retry-After, to
 // retry), counted as rejected and not as the agent's error. Before, it got
 // "every decode agent failed this request", and the agent's error count
-// rose as if it were broken.
+// rose as if it were broken. (The router polls once here: it never sees
+// the queue full, so the agent is the one to refuse.)
 TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
   RouterClusterOptions options;
   options.model = smallModelDir();
   options.policy = Policy::kRoundRobin;
+  options.poll_interval_s = 600;
   options.agent_args = [](bool prefill, int) {
     return prefill ? std::vector<std::string>{}
                    : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
@@ -2177,11 +2179,114 @@ TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
   EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), refused);
 }
 
+// A decode agent whose waiting queue the router saw full at its last poll
+// would refuse a request once a prefill agent had computed its prompt: the
+// router refuses it first (503, Retry-After), and the prefill agent
+// computes nothing for it. Once the queue has room again, requests are
+// served. Before, each was prefilled, then refused by the decode agent.
+TEST_F(RouterTest, ARequestForAFullDecodeQueueIsRefusedBeforeItsPrefill) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int) {
+    return prefill ? std::vector<std::string>{}
+                   : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
+  };
+  startCluster(options);
+  // One runs, one waits: the queue is full.
+  std::vector<std::pair<int, std::string>> long_answers(2);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client client("127.0.0.1", router_->port());
+      client.set_read_timeout(120, 0);
+      auto res = client.Post("/v1/completions",
+                             greedy(randomPrompt(40, 1150 + static_cast<uint32_t>(i)), 450).dump(),
+                             "application/json");
+      if (res) long_answers[i] = {res->status, res->body};
+    });
+    // The second once the first runs: both are admitted.
+    if (i == 0) {
+      ASSERT_TRUE(
+          eventually([&] { return decode_[0]->metric("tandem_num_requests_running") == 1; }));
+    }
+  }
+  Agent& decode = *decode_[0];
+  // The router has polled the full queue (it counts running + waiting).
+  const bool full = eventually([&] {
+    return decode.metric("tandem_num_requests_waiting") == 1 &&
+           routerMetric("tandem_router_agent_requests", "agent=\"decode-0\"") == 2;
+  });
+  const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
+  auto refused = client_->Post("/v1/completions", greedy(randomPrompt(40, 1160), 8).dump(),
+                               "application/json");
+  const double computed_after = prefill_[0]->metric("tandem_computed_tokens_total");
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(full) << "the decode agent's queue was never seen full: nothing was tested";
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 503) << refused->body;
+  const json error = json::parse(refused->body, nullptr, false);
+  EXPECT_EQ(error["error"]["message"],
+            "every decode agent's waiting queue is full (--max-waiting-requests); retry later")
+      << refused->body;
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(computed_after, computed);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), 1);
+  EXPECT_EQ(decode.metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
+  for (const auto& [status, body] : long_answers) EXPECT_EQ(status, 200) << body;
+  // The queue emptied: the next poll lets requests through again.
+  ASSERT_TRUE(eventually(
+      [&] { return routerMetric("tandem_router_agent_requests", "agent=\"decode-0\"") == 0; }));
+  const Answer served = post(greedy(randomPrompt(40, 1161), 8));
+  EXPECT_EQ(served.status, 200) << served.body.dump();
+  EXPECT_EQ(served.decision, "disaggregated");
+}
+
+// With another decode agent's queue open, one whose queue was full at the
+// last poll is passed over: it refuses nothing (before, requests sent to it
+// were prefilled, refused, then sent to the other agent).
+TEST_F(RouterTest, ADecodeAgentWithAFullQueueIsPassedOverForOneWithRoom) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.decodes = 2;
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int index) {
+    return prefill || index == 1
+               ? std::vector<std::string>{}
+               : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
+  };
+  startCluster(options);
+  Agent& full = *decode_[0];
+  // decode-0's queue filled by its own clients: one runs, one waits.
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      full.post("/v1/completions", greedy(randomPrompt(40, 1170 + static_cast<uint32_t>(i)), 450));
+    });
+    if (i == 0) {
+      ASSERT_TRUE(eventually([&] { return full.metric("tandem_num_requests_running") == 1; }));
+    }
+  }
+  const bool seen_full = eventually(
+      [&] { return routerMetric("tandem_router_agent_requests", "agent=\"decode-0\"") == 2; });
+  std::vector<Answer> answers;
+  for (uint32_t seed = 1180; seed < 1184 && seen_full; ++seed) {
+    answers.push_back(post(greedy(randomPrompt(40, seed), 4)));
+  }
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(seen_full) << "the router never saw decode-0's queue full: nothing was tested";
+  for (const Answer& answer : answers) {
+    EXPECT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decode_agent, "decode-1");
+  }
+  EXPECT_EQ(full.metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
+}
+
 // A request the decode agents' KV caches cannot hold (here 24 blocks of 16:
 // 384 tokens) is refused by the router in the agents' words, before a
 // prefill agent computes its prompt: the decode agent would have refused it
 // once it was prefilled. One without max_tokens is served, generating up to
-// the decode agent's cache (that agent's default).
+// what the decode agent's cache leaves (the bound the router gives it).
 TEST_F(RouterTest, ARequestNoDecodeAgentCanHoldIsRefusedBeforeItsPrefill) {
   RouterClusterOptions options;
   options.model = smallModelDir();
@@ -2205,6 +2310,34 @@ TEST_F(RouterTest, ARequestNoDecodeAgentCanHoldIsRefusedBeforeItsPrefill) {
   ASSERT_EQ(served.status, 200) << served.body.dump();
   EXPECT_EQ(served.body["usage"]["completion_tokens"], 284);
   EXPECT_EQ(served.decision, "disaggregated");
+}
+
+// Decode agents whose KV caches differ (24 blocks of 16, 384 tokens, and
+// the default, more than max_model_len 2,048): a request without
+// max_tokens generates up to what the smallest one leaves, whichever agent
+// serves it. Before, each agent took its own bound: 284 tokens on one,
+// 1,948 on the other, for the same request.
+TEST_F(RouterTest, ARequestWithoutMaxTokensHasOneBoundWhicheverDecodeAgentServesIt) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.decodes = 2;
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int index) {
+    return prefill || index == 1 ? std::vector<std::string>{}
+                                 : std::vector<std::string>{"--num-blocks", "24"};
+  };
+  startCluster(options);
+  std::set<std::string> served_by;
+  for (uint32_t seed = 1210; seed < 1214; ++seed) {
+    SCOPED_TRACE(seed);
+    json body = greedy(randomPrompt(100, seed), 1);
+    body.erase("max_tokens");
+    const Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    served_by.insert(answer.decode_agent);
+    EXPECT_EQ(answer.body["usage"]["completion_tokens"], 284) << answer.decode_agent;
+  }
+  EXPECT_EQ(served_by.size(), 2u) << "one decode agent served every request: nothing was tested";
 }
 
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on

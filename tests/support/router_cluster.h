@@ -38,6 +38,8 @@ struct RouterClusterOptions {
   int64_t max_migrations = -1;
   // The router's RouterConfig::migration_timeout_s (0: its default).
   double migration_timeout_s = 0;
+  // The router's RouterConfig::poll_interval_s.
+  double poll_interval_s = 0.1;
   int client_read_timeout_s = 60;
   // More arguments for one agent (e.g. --simulate PROFILE), by role and index.
   std::function<std::vector<std::string>(bool prefill, int index)> agent_args;
@@ -68,7 +70,7 @@ class RouterCluster : public ::testing::Test {
     config.port = 0;
     config.policy = options.policy;
     config.disagg_threshold_tokens = options.disagg_threshold_tokens;
-    config.poll_interval_s = 0.1;
+    config.poll_interval_s = options.poll_interval_s;
     config.kv_secret = options.kv_secret;
     config.learn_costs = options.learn_costs;
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
