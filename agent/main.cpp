@@ -21,6 +21,7 @@
 #include "agent/engine/model_runner.h"
 #include "agent/render_chat_command.h"
 #include "agent/serve_command.h"
+#include "common/command_line/command_line.h"
 #include "common/crash_report.h"
 #include "common/status.h"
 #include "common/tokenizer.h"
@@ -221,7 +222,9 @@ int main(int argc, char** argv) {
   tandem::agent::RenderChatOptions render_chat_options;
   CLI::App* render_chat = tandem::agent::addRenderChatCommand(app, render_chat_options);
 
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = tandem::parseCommandLine(app, argc, argv, "tandem-agent")) {
+    return *exit;
+  }
   try {
     // serve reads --threads itself (before or after `serve`) and starts the
     // kernel threads after blocking the termination signals, so that every

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/command_line/command_line.h"
 #include "common/crash_report.h"
 #include "common/http/http_connection.h"
 #include "common/http/http_limits.h"
@@ -727,7 +728,10 @@ int main(int argc, char** argv) {
   CLI::App* router = addRouterCommand(app, router_flags);
   tandem::controller::ControllerFlags controller_flags;
   CLI::App* controller = tandem::controller::addControllerCommand(app, controller_flags);
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit =
+          tandem::parseCommandLine(app, argc, argv, "tandem-operator")) {
+    return *exit;
+  }
   try {
     if (local->parsed()) return runLocal(*local, local_flags);
     if (router->parsed()) return runRouter(*router, router_flags);

@@ -103,7 +103,7 @@ TEST_F(CliTest, TandemModelLayersSetsTheDecoderLayers) {
 
   r = run(bin("tandem-model") + " --preset tiny --layers 0 --out '" + (dir_ / "none").string() +
           "'");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--layers"), std::string::npos) << r.err;
 }
 
@@ -390,6 +390,49 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
 // Each agent given by address has its own name (it labels the agent's
 // metrics and logs, and keys the router's table of agents: a second of one
 // name replaced the first), and each address comes once per role.
+// A command line refused reads the same in every program: its name, what
+// is wrong (an option misspelt names the closest one), where the options
+// are listed; exit status 2. Before, each printed CLI11's bare message
+// ("The following arguments were not expected: 3 --max-num-seq") and
+// exited 104-114, one status per kind of error.
+TEST_F(CliTest, EveryProgramRefusesACommandLineInItsOwnWords) {
+  const std::vector<std::tuple<std::string, std::string>> cases = {
+      {"tandem-agent serve --max-num-seq 3",
+       "tandem-agent: --max-num-seq is not an option of tandem-agent serve (did you mean "
+       "--max-num-seqs?)\nRun 'tandem-agent serve --help' for the options.\n"},
+      {"tandem-agent serve --bogus=1 extra",
+       "tandem-agent: --bogus is not an option of tandem-agent serve; \"extra\" is not an "
+       "argument tandem-agent serve takes (it takes options only)\nRun 'tandem-agent serve "
+       "--help' for the options.\n"},
+      {"tandem-agent",
+       "tandem-agent: a command is needed: tokenize, generate, serve, render-chat\nRun "
+       "'tandem-agent --help' for the options.\n"},
+      {"tandem-agent generate --model m",
+       "tandem-agent: --prompt is required\nRun 'tandem-agent generate --help' for the "
+       "options.\n"},
+      {"tandem-operator router --prefil x",
+       "tandem-operator: --prefil is not an option of tandem-operator router (did you mean "
+       "--prefill?)\nRun 'tandem-operator router --help' for the options.\n"},
+      {"tandem-model --layer 3",
+       "tandem-model: --layer is not an option of tandem-model (did you mean --layers?)\nRun "
+       "'tandem-model --help' for the options.\n"},
+      {"tandem-bench engine --model m --bogus",
+       "tandem-bench: --bogus is not an option of tandem-bench engine\nRun 'tandem-bench "
+       "engine --help' for the options.\n"},
+  };
+  for (const auto& [command, err] : cases) {
+    SCOPED_TRACE(command);
+    const CommandResult refused = run(bin(command));
+    EXPECT_EQ(refused.exit_code, 2);
+    EXPECT_EQ(refused.err, err);
+    EXPECT_EQ(refused.out, "");
+  }
+  // Help is no error: the help of the command given, status 0.
+  const CommandResult help = run(bin("tandem-agent serve --help"));
+  EXPECT_EQ(help.exit_code, 0) << help.err;
+  EXPECT_NE(help.out.find("Usage: tandem-agent serve [OPTIONS]"), std::string::npos) << help.out;
+}
+
 TEST_F(CliTest, TheRoutersAgentsHaveDistinctNamesAndAddresses) {
   const std::string router = "timeout 10 " + bin("tandem-operator") + " router --port 0 ";
   CommandResult names = run(router + "--prefill a=127.0.0.1:1 --decode a=127.0.0.1:2");

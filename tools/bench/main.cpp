@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "common/command_line/command_line.h"
 #include "kernels/backend.h"
 #include "tools/bench/calibrate_bench.h"
 #include "tools/bench/chaos_bench.h"
@@ -660,7 +661,9 @@ int main(int argc, char** argv) {
   speculative->add_option("--json", speculative_options.json_path,
                           "also write the figures as JSON here");
 
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> exit = tandem::parseCommandLine(app, argc, argv, "tandem-bench")) {
+    return *exit;
+  }
   try {
     if (engine->parsed()) return tandem::bench::runEngineBench(options);
     if (multiturn->parsed()) return tandem::bench::runMultiTurnBench(multiturn_options);

@@ -27,6 +27,7 @@
 #include <map>
 #include <string>
 
+#include "common/command_line/command_line.h"
 #include "common/dtype.h"
 #include "common/model_source/hub_fetch.h"
 #include "common/model_source/model_source.h"
@@ -204,13 +205,8 @@ int main(int argc, char** argv) {
                          "gemma3",   "phi3",    "phi4",       "granite", "olmo2",     "olmo3",
                          "smollm3",  "glm",     "glm4",       "mixtral", "qwen2_moe", "qwen3_moe",
                          "glm4_moe", "gpt_oss", "granitemoe", "olmoe"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "tandem-model: %s (see --help)\n", e.what());
-    return 1;
+  if (const std::optional<int> exit = tandem::parseCommandLine(app, argc, argv, "tandem-model")) {
+    return *exit;
   }
   if (fetch_command->parsed()) return runFetch(fetch);
   if (lora_command->parsed()) {
