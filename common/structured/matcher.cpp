@@ -1,6 +1,8 @@
 #include "common/structured/matcher.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <deque>
 #include <numeric>
 
@@ -271,12 +273,56 @@ void Vocabulary::buildTrie() {
 
 // ---- Compiled grammar ------------------------------------------------------------
 
+namespace {
+
+// Where a grammar's token classes live: exact-size arrays copied into
+// chunks of at least kChunkBytes. Classifying interleaves them with the
+// memo it builds and drops (hundreds of MB for a 1,000-value enum): as
+// three small vectors per element, grown as the walk went, they were
+// scattered over those pages, which stayed resident once the memo was
+// freed, 200 MB a grammar kept for its 9 MB of classes. In chunks, the
+// pages between them are free whole and go back to the system.
+class ClassStore {
+ public:
+  static constexpr size_t kChunkBytes = size_t{1} << 20;
+
+  template <typename T>
+  std::span<const T> copy(const std::vector<T>& items) {
+    static_assert(alignof(T) <= alignof(std::max_align_t));
+    if (items.empty()) return {};
+    const size_t size = items.size() * sizeof(T);
+    const size_t at = (used_ + alignof(T) - 1) / alignof(T) * alignof(T);
+    if (chunks_.empty() || at + size > capacity_) {
+      capacity_ = std::max(kChunkBytes, size);
+      chunks_.push_back(std::make_unique<std::byte[]>(capacity_));
+      bytes_ += static_cast<int64_t>(capacity_);
+      used_ = 0;
+      return copy(items);
+    }
+    std::byte* into = chunks_.back().get() + at;
+    std::memcpy(into, items.data(), size);
+    used_ = at + size;
+    return std::span<const T>(reinterpret_cast<const T*>(into), items.size());
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> chunks_;
+  size_t used_ = 0;      // of the last chunk
+  size_t capacity_ = 0;  // of the last chunk
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
 struct CompiledGrammar::Runtime {
-  // The tokens a byte-set element accepts on its own.
+  // The tokens a byte-set element accepts on its own (in its grammar's
+  // ClassStore).
   struct Classes {
-    std::vector<uint64_t> accepted_words;  // when many: a bitmask
-    std::vector<TokenId> accepted;         // otherwise: a list
-    std::vector<TokenId> uncertain;        // leave the element's rule: check in context
+    std::span<const uint64_t> accepted_words;  // when many: a bitmask
+    std::span<const TokenId> accepted;         // otherwise: a list
+    std::span<const TokenId> uncertain;        // leave the element's rule: check in context
+    bool done = false;                         // classified
   };
 
   static constexpr size_t kMaxCachedMasks = 256;
@@ -299,7 +345,12 @@ struct CompiledGrammar::Runtime {
   int64_t max_memo_ints = kMaxMemoInts;
   int64_t memo_ints = 0;
 
-  using ClassTable = std::vector<std::unique_ptr<Classes>>;  // by element position
+  // Every element's classes, by element position, and their store.
+  struct ClassTable {
+    explicit ClassTable(size_t elements) : by_pos(elements) {}
+    std::vector<Classes> by_pos;
+    ClassStore store;
+  };
 
   // Fresh stacks and memos. `classes`: a former generation's (they name
   // tokens and element positions, not stack nodes); none for the first,
@@ -390,32 +441,46 @@ struct CompiledGrammar::Runtime {
   }
 
   const Classes& classesOf(int32_t pos) {
-    std::unique_ptr<Classes>& slot = (*classes)[static_cast<size_t>(pos)];
-    if (!slot) {
-      slot = std::make_unique<Classes>(classify(pos));
+    Classes& slot = classes->by_pos[static_cast<size_t>(pos)];
+    if (!slot.done) {
+      slot = classify(pos);
       ++stats.classified;
     }
-    return *slot;
+    return slot;
   }
+
+  // The lists an element's walk collects (reused: a walk allocates nothing
+  // once they have grown).
+  struct Collected {
+    std::vector<TokenId> accepted;
+    std::vector<TokenId> uncertain;
+    std::vector<uint64_t> words;
+  };
 
   // One walk of the trie from the element alone (kEscape below it).
   Classes classify(int32_t pos) {
-    Classes out;
+    collected_.accepted.clear();
+    collected_.uncertain.clear();
     trimMemo();
     stacks.startAt(pos, kEscape, scratch);
     // A preorder walk of the trie: the uncertain tokens that share a prefix
     // come one after another, as followSorted needs.
-    walk(vocab.trie()[0], intern(scratch), false, out);
-    if (static_cast<int64_t>(out.accepted.size()) > vocab.maskWords()) {
-      out.accepted_words.assign(static_cast<size_t>(vocab.maskWords()), 0);
-      for (TokenId id : out.accepted) setBit(out.accepted_words, id);
-      out.accepted.clear();
-      out.accepted.shrink_to_fit();
+    walk(vocab.trie()[0], intern(scratch), false, collected_);
+    Classes out;
+    out.done = true;
+    ClassStore& store = classes->store;
+    if (static_cast<int64_t>(collected_.accepted.size()) > vocab.maskWords()) {
+      collected_.words.assign(static_cast<size_t>(vocab.maskWords()), 0);
+      for (TokenId id : collected_.accepted) setBit(collected_.words, id);
+      out.accepted_words = store.copy(collected_.words);
+    } else {
+      out.accepted = store.copy(collected_.accepted);
     }
+    out.uncertain = store.copy(collected_.uncertain);
     return out;
   }
 
-  void walk(const Vocabulary::TrieNode& at, int32_t state, bool escaped_above, Classes& out) {
+  void walk(const Vocabulary::TrieNode& at, int32_t state, bool escaped_above, Collected& out) {
     if (at.num_children == 0) return;
     const auto& trie = vocab.trie();
     for (int32_t c = at.first_child; c < at.first_child + at.num_children; ++c) {
@@ -498,7 +563,7 @@ struct CompiledGrammar::Runtime {
   // another), so tokens sharing a prefix share its moves, and a prefix no
   // stack takes rules out the tokens after it that start with it, unread.
   // False when the mask's cost passes kMaxMaskCost.
-  bool followSorted(int32_t start, const std::vector<TokenId>& sorted, std::span<uint64_t> mask) {
+  bool followSorted(int32_t start, std::span<const TokenId> sorted, std::span<uint64_t> mask) {
     constexpr size_t kNone = std::string::npos;
     path_.assign(1, start);  // path_[i]: the frontier after i bytes of `previous`
     std::string_view previous;
@@ -562,6 +627,7 @@ struct CompiledGrammar::Runtime {
   Stacks stacks;
   const Vocabulary& vocab;
   std::shared_ptr<ClassTable> classes;  // shared by the grammar's generations
+  Collected collected_;                 // classify's
   std::unordered_map<std::vector<int32_t>, std::vector<uint64_t>, VectorHash> masks;
   std::vector<Stacks::Frontier> states;
   std::unordered_map<std::vector<int32_t>, int32_t, VectorHash> state_index;
@@ -600,12 +666,7 @@ int64_t CompiledGrammar::approxBytes() const {
   for (const auto& starts : grammar_.rule_alternatives) bytes += bytesOf(starts) + 24;
   std::lock_guard lock(mutex_);
   const Runtime& runtime = *runtime_;
-  bytes += bytesOf(*runtime.classes);
-  for (const auto& classes : *runtime.classes) {
-    if (!classes) continue;
-    bytes += static_cast<int64_t>(sizeof(Runtime::Classes)) + bytesOf(classes->accepted_words) +
-             bytesOf(classes->accepted) + bytesOf(classes->uncertain);
-  }
+  bytes += bytesOf(runtime.classes->by_pos) + runtime.classes->store.bytes();
   // Hash-map entries cost about their node and bucket besides the payload.
   constexpr int64_t kNode = 48;
   bytes += runtime.memo_ints * static_cast<int64_t>(sizeof(int32_t)) +
