@@ -276,14 +276,15 @@ void Vocabulary::buildTrie() {
 namespace {
 
 // Where a grammar's token classes live: exact-size arrays copied into
-// chunks of at least kChunkBytes. Classifying interleaves them with the
-// memo it builds and drops (hundreds of MB for a 1,000-value enum): as
-// three small vectors per element, grown as the walk went, they were
-// scattered over those pages, which stayed resident once the memo was
-// freed, 200 MB a grammar kept for its 9 MB of classes. In chunks, the
-// pages between them are free whole and go back to the system.
+// chunks, the first of kFirstChunkBytes, each next twice the last up to
+// kChunkBytes (a small grammar's classes take one small chunk). Classifying interleaves them with
+// the memo it builds and drops (hundreds of MB for a 1,000-value enum): as three small vectors per
+// element, grown as the walk went, they were scattered over those pages, which stayed resident once
+// the memo was freed, 200 MB a grammar kept for its 9 MB of classes. In chunks, the pages between
+// them are free whole and go back to the system.
 class ClassStore {
  public:
+  static constexpr size_t kFirstChunkBytes = size_t{64} << 10;
   static constexpr size_t kChunkBytes = size_t{1} << 20;
 
   template <typename T>
@@ -293,8 +294,10 @@ class ClassStore {
     const size_t size = items.size() * sizeof(T);
     const size_t at = (used_ + alignof(T) - 1) / alignof(T) * alignof(T);
     if (chunks_.empty() || at + size > capacity_) {
-      capacity_ = std::max(kChunkBytes, size);
-      chunks_.push_back(std::make_unique<std::byte[]>(capacity_));
+      const size_t next = chunks_.empty() ? kFirstChunkBytes : std::min(2 * capacity_, kChunkBytes);
+      capacity_ = std::max(next, size);
+      // Not value-initialized: only the pages written are touched.
+      chunks_.push_back(std::unique_ptr<std::byte[]>(new std::byte[capacity_]));
       bytes_ += static_cast<int64_t>(capacity_);
       used_ = 0;
       return copy(items);
