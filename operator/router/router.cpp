@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -288,37 +289,53 @@ class Router::Impl {
   // body; an agent that cannot be reached, fails (agentFailed) or does not
   // answer within forward_timeout_s is skipped. A
   // client leaving ends the call.
-  // An agent's /v1/models answer with the LoRA adapters other agents serve
-  // appended (id, parent, tandem.model_identity), so a client of the router
-  // sees every model it accepts; an answer it cannot read goes as it is.
+  // An agent's /v1/models answer listing the LoRA adapters as the router
+  // serves them: each adapter some decode agent serves, under the identity
+  // the router sends its requests by (AgentTracker::adapterIdentity: the
+  // answering agent's own entry when it agrees, else id, parent and
+  // tandem.model_identity), and none that no decode agent serves (a
+  // prefill agent's own). So a client of the router sees every model it
+  // accepts, each as it will be served; an answer it cannot read goes as
+  // it is.
   std::string withEveryAdapter(std::string answer) {
     nlohmann::json models = parseJsonOrDiscarded(answer);
     if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
         models["data"].empty() || !models["data"][0].is_object()) {
       return answer;
     }
-    nlohmann::json& data = models["data"];
+    const nlohmann::json& data = models["data"];
     const std::string base = data[0].value("id", std::string());
-    std::set<std::string> listed;
-    for (const nlohmann::json& entry : data) {
-      if (entry.is_object()) listed.insert(entry.value("id", std::string()));
+    std::map<std::string, const nlohmann::json*> own;  // the agent's entries, by id
+    for (size_t i = 1; i < data.size(); ++i) {
+      if (data[i].is_object()) own.emplace(data[i].value("id", std::string()), &data[i]);
     }
-    std::vector<std::string> missing;
+    nlohmann::json listed = nlohmann::json::array({data[0]});
+    bool as_given = true;
     for (const std::string& name : agents_.adapterNames()) {
-      if (listed.count(name) == 0) missing.push_back(name);
-    }
-    if (missing.empty()) return answer;  // the agent's bytes, as they came
-    for (const std::string& name : missing) {
-      const auto identity = agents_.adapterIdentity(name);
+      const std::string identity = agents_.adapterIdentity(name).value_or(std::string());
+      const auto mine = own.find(name);
+      if (mine != own.end() && identityOf(*mine->second) == identity) {
+        listed.push_back(*mine->second);
+        continue;
+      }
+      as_given = false;
       nlohmann::json entry = nlohmann::json::object();
       entry["id"] = name;
       entry["object"] = "model";
       entry["owned_by"] = "tandem";
       entry["parent"] = base;
-      entry["tandem"]["model_identity"] = identity.value_or(std::string());
-      data.push_back(std::move(entry));
+      entry["tandem"]["model_identity"] = identity;
+      listed.push_back(std::move(entry));
     }
+    if (as_given && listed.size() == data.size()) return answer;  // the agent's bytes
+    models["data"] = std::move(listed);
     return models.dump();
+  }
+  static std::string identityOf(const nlohmann::json& entry) {
+    const auto tandem = entry.find("tandem");
+    if (tandem == entry.end() || !tandem->is_object()) return "";
+    const auto identity = tandem->find("model_identity");
+    return identity != tandem->end() && identity->is_string() ? identity->get<std::string>() : "";
   }
 
   awaitable<void> forward(HttpExchange& exchange, bool list_every_adapter = false) {

@@ -59,6 +59,19 @@ const fs::path& tinyLoraDir() {
   return path;
 }
 std::vector<std::string> loraArgs() { return {"--lora-modules", "sql=" + tinyLoraDir().string()}; }
+// Another adapter's files (another seed) served under the same name.
+std::vector<std::string> otherLoraArgs() {
+  static TempDir dir("tandem-router-lora-other");
+  static fs::path path = [] {
+    tandem::tools::TestLoraOptions options;
+    options.seed = 2;
+    tandem::tools::writeTestLoraAdapter(
+        options, tandem::engine::ModelConfig::fromFile(tinyModelDir() / "config.json"),
+        dir.path() / "sql");
+    return dir.path() / "sql";
+  }();
+  return {"--lora-modules", "sql=" + path.string()};
+}
 
 // An agent of `role` ("prefill", "decode") with the UCX connector (kv_both).
 std::vector<std::string> roleArgs(const std::string& role) {
@@ -3050,6 +3063,50 @@ TEST_F(RouterTest, AnAdaptersRequestsGoOnlyToTheAgentsServingIt) {
       "/tokenize", json{{"model", "sql"}, {"prompt", "Hello world"}}.dump(), "application/json");
   ASSERT_TRUE(tokenized);
   EXPECT_EQ(tokenized->status, 200) << tokenized->body;
+}
+
+// Decode agents serving one adapter name from different files: the router
+// sends its requests under the identity most of them give (decode-1's and
+// decode-2's), and its /v1/models lists the adapter under that identity,
+// though decode-0, which gives the other, is the agent answering the list.
+// Before, the list showed decode-0's entry: an adapter the router does not
+// route by.
+TEST_F(RouterTest, TheRoutersModelListGivesAnAdapterTheIdentityItRoutesBy) {
+  RouterClusterOptions options;
+  options.decodes = 3;
+  options.agent_args = [](bool prefill, int index) {
+    if (prefill) return std::vector<std::string>{};
+    return index == 0 ? otherLoraArgs() : loraArgs();
+  };
+  startCluster(options);
+  auto identityOn = [](Agent& agent) {
+    return json::parse(
+               agent.client()->Get("/v1/models")->body)["data"][1]["tandem"]["model_identity"]
+        .get<std::string>();
+  };
+  const std::string most = identityOn(*decode_[1]);
+  ASSERT_EQ(identityOn(*decode_[2]), most);
+  ASSERT_NE(identityOn(*decode_[0]), most) << "the two adapters' files are the same";
+  json probe = greedy(randomPrompt(5, 1230), 1);
+  probe["model"] = "sql";
+  // Every decode agent's adapters learnt: the requests go to the two.
+  ASSERT_TRUE(eventually([&] {
+    const Answer answer = post(probe);
+    return answer.status == 200 && answer.decode_agent != "decode-0";
+  }));
+  for (uint32_t seed = 1231; seed < 1235; ++seed) {
+    json body = greedy(randomPrompt(30, seed), 2);
+    body["model"] = "sql";
+    const Answer answer = post(body);
+    ASSERT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_NE(answer.decode_agent, "decode-0");
+  }
+  auto models = client_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json listed = json::parse(models->body);
+  ASSERT_EQ(listed["data"].size(), 2u) << models->body;
+  EXPECT_EQ(listed["data"][1]["id"], "sql");
+  EXPECT_EQ(listed["data"][1]["tandem"]["model_identity"], most) << models->body;
 }
 
 // The block hasher an agent's /v1/models `tandem` section describes, as the
