@@ -116,8 +116,11 @@ int runServe(CLI::App& command, ServeOptions& o) {
                       << *cpus.cgroup_limit << ")";
   }
   if (o.model.empty()) throw Error("--model is required (or model: in --config)");
-  // A --host it cannot listen on is refused now, not after the model's load.
+  // A --host it cannot listen on, or exempt paths it cannot take, are
+  // refused now, not after the model's load.
   (void)server::listenAddress(o.host, o.port);
+  std::vector<std::string> api_key_exempt =
+      server::parseApiKeyExemptPaths(o.api_key_exempt_paths, "--api-key-exempt-paths");
   // A directory that a fetch is still filling (or that one left half done)
   // is never loaded: its weights may be partly written.
   if (auto problem = model_source::modelDirectoryProblem(o.model)) throw Error(*problem);
@@ -225,8 +228,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   server_config.served_model_name = served_model_name;
   server_config.role = o.role;
   server_config.api_key = server::apiKeyFrom(o.api_key);
-  server_config.api_key_exempt =
-      server::parseApiKeyExemptPaths(o.api_key_exempt_paths, "--api-key-exempt-paths");
+  server_config.api_key_exempt = std::move(api_key_exempt);
   // The KV routes skip the API key because the KV secret signs them: with a
   // key and no secret, whoever reaches the agent may pin its blocks, probe
   // which prompts it caches and read its KV.

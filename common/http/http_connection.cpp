@@ -231,6 +231,11 @@ std::vector<std::string> parseApiKeyExemptPaths(const std::string& csv, const st
         throw Error(flag + ": \"" + path + "\" is not a path; give paths starting with '/' " +
                     "(one ending in '/' is a prefix), separated by commas");
       }
+      if (path == "/") {
+        throw Error(flag + ": \"/\" is a prefix of every path: the API key would guard " +
+                    "nothing; give the paths to serve without it (default " +
+                    std::string(kDefaultApiKeyExemptPaths) + "), or no --api-key");
+      }
       paths.push_back(path);
     }
     start = comma + 1;

@@ -384,6 +384,26 @@ TEST_F(CliTest, TheRoutersHttpLimitsHaveTheAgentsBounds) {
   }
 }
 
+// "/" among the API key's exempt paths is a prefix of every path: the key
+// would guard nothing, and the agent or router would say nothing of it.
+// Refused at start, in one line, by both.
+TEST_F(CliTest, AnApiKeyExemptPathOfEveryPathIsRefused) {
+  const fs::path model = makeTinyModel("m", 4);
+  const std::string words =
+      "--api-key-exempt-paths: \"/\" is a prefix of every path: the API key would guard "
+      "nothing; give the paths to serve without it (default /health,/metrics,/v1/kv_transfer/), "
+      "or no --api-key\n";
+  CommandResult router = run("timeout 30 " + bin("tandem-operator") +
+                             " router --decode 127.0.0.1:2 --port 0 --api-key k "
+                             "--api-key-exempt-paths /health,/");
+  EXPECT_EQ(router.exit_code, 1);
+  EXPECT_EQ(router.err, "tandem-operator: " + words);
+  CommandResult agent = run("timeout 60 " + bin("tandem-agent") + " serve --model '" +
+                            model.string() + "' --port 0 --api-key k --api-key-exempt-paths /");
+  EXPECT_EQ(agent.exit_code, 1);
+  EXPECT_EQ(agent.err, "tandem-agent: " + words);
+}
+
 // The router's other number flags are checked as its file's fields are:
 // ranges enforced (a seed of -1 or a queue bound past int64 started), NaN
 // refused (a planner interval of nan spun the planner), decimal only.
