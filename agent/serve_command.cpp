@@ -119,6 +119,7 @@ int runServe(CLI::App& command, ServeOptions& o) {
   // A --host it cannot listen on, or exempt paths it cannot take, are
   // refused now, not after the model's load.
   (void)server::listenAddress(o.host, o.port);
+  server::checkConnectionBound(o.max_connections);
   std::vector<std::string> api_key_exempt =
       server::parseApiKeyExemptPaths(o.api_key_exempt_paths, "--api-key-exempt-paths");
   // A directory that a fetch is still filling (or that one left half done)

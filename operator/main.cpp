@@ -645,6 +645,7 @@ int runRouter(CLI::App& command, const RouterFlags& flags) {
     config.http.large_body_bytes = static_cast<uint64_t>(flags.large_body_bytes);
   if (given("--max-large-requests")) config.http.max_large_requests = flags.max_large_requests;
   if (given("--max-connections")) config.http.max_connections = flags.max_connections;
+  tandem::server::checkConnectionBound(config.http.max_connections);
   if (given("--model-dir")) config.model_dir = flags.model_dir;
   if (given("--chat-template")) config.chat_template = flags.chat_template;
   // Checked now, as an agent checks it at start: it is used only once an

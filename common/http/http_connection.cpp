@@ -997,6 +997,21 @@ void raiseOpenFileLimit() {
 
 }  // namespace
 
+void checkConnectionBound(int64_t max_connections) {
+  if (max_connections <= 0) return;
+  raiseOpenFileLimit();
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const auto most = static_cast<int64_t>(limit.rlim_cur / 2);
+  if (max_connections <= most) return;
+  throw Error("--max-connections " + std::to_string(max_connections) +
+              " is more than half the descriptors this process may open (" +
+              std::to_string(limit.rlim_cur) +
+              ", RLIMIT_NOFILE: the other half is kept for its own connections, files and KV "
+              "transfers); give at most " +
+              std::to_string(most) + ", or raise the limit (ulimit -n, a container's nofile)");
+}
+
 asio::ip::address listenAddress(const std::string& host, int port) {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(host, ec);

@@ -408,6 +408,14 @@ class HttpService {
 // model's load) to refuse a bad --host at once.
 boost::asio::ip::address listenAddress(const std::string& host, int port);
 
+// An explicit HttpLimits::max_connections (0: the default, half the limit)
+// checked against the descriptors the process may open, its soft limit
+// raised to the hard one first: above half of them (the other half is the
+// server's own connections, files and transfers), clients past the limit
+// would stall in the listen backlog, probes among them. Throws
+// tandem::Error naming the figures.
+void checkConnectionBound(int64_t max_connections);
+
 namespace detail {
 template <typename T>
 boost::asio::awaitable<std::optional<T>> runWork(std::function<T()> work) {

@@ -404,6 +404,30 @@ TEST_F(CliTest, AnApiKeyExemptPathOfEveryPathIsRefused) {
   EXPECT_EQ(agent.err, "tandem-agent: " + words);
 }
 
+// An explicit --max-connections above half the descriptors the process may
+// open (here 256, soft and hard) is refused at start, before the model's
+// load: past the descriptors, clients (probes among them) would wait in the
+// listen backlog, never closed for by the bound's idle-closing.
+TEST_F(CliTest, AConnectionBoundAboveTheDescriptorLimitIsRefused) {
+  const fs::path model = makeTinyModel("m", 4);
+  const std::string words =
+      "--max-connections 200 is more than half the descriptors this process may open (256, "
+      "RLIMIT_NOFILE: the other half is kept for its own connections, files and KV transfers); "
+      "give at most 128, or raise the limit (ulimit -n, a container's nofile)\n";
+  auto limited = [](const std::string& command) {
+    return "bash -c 'ulimit -n 256 && exec " + command + "'";
+  };
+  CommandResult router =
+      run(limited("timeout 30 " + bin("tandem-operator") +
+                  " router --decode 127.0.0.1:2 --port 0 --max-connections 200"));
+  EXPECT_EQ(router.exit_code, 1);
+  EXPECT_EQ(router.err, "tandem-operator: " + words);
+  CommandResult agent = run(limited("timeout 60 " + bin("tandem-agent") + " serve --model " +
+                                    model.string() + " --port 0 --max-connections 200"));
+  EXPECT_EQ(agent.exit_code, 1);
+  EXPECT_EQ(agent.err, "tandem-agent: " + words);
+}
+
 // The router's other number flags are checked as its file's fields are:
 // ranges enforced (a seed of -1 or a queue bound past int64 started), NaN
 // refused (a planner interval of nan spun the planner), decimal only.
