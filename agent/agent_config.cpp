@@ -626,20 +626,20 @@ void applyServeOptions(CLI::App& command, const YAML::Node& config, const std::s
         option = outer;
       }
     }
-    std::string name;
-    Value value;
+    // The file's value is checked even when a flag replaces it: a file
+    // that one command line happens to cover is still refused, as vLLM's
+    // --config (read as arguments before the command line's) is.
+    std::optional<Value> from_file;
+    if (auto it = entries.find(spec.key); it != entries.end()) {
+      from_file = checkYaml(spec, config_path + ": " + it->second.first, it->second.second);
+    }
     if (option->count() > 0) {
-      name = spec.flag();
       // A flag given bare reads "true"; --flag=false reads "false" (and
       // anything but those two is refused, as in the file).
-      value = checkText(spec, name, option->results().back());
-    } else if (auto it = entries.find(spec.key); it != entries.end()) {
-      name = config_path + ": " + it->second.first;
-      value = checkYaml(spec, name, it->second.second);
-    } else {
-      continue;
+      row.set(options, checkText(spec, spec.flag(), option->results().back()));
+    } else if (from_file) {
+      row.set(options, *from_file);
     }
-    row.set(options, value);
   }
 
   for (const auto& [key, option] : other_options) {

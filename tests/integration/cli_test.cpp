@@ -264,6 +264,16 @@ TEST_F(CliTest, ServeRefusesBadOptionsFromTheFileAndTheFlagsAlike) {
               "tandem-agent: " + flag + (c.message.starts_with(":") ? "" : " ") + c.message + "\n");
   }
 
+  // A bad value in the file is refused though a flag replaces it (the file
+  // is refused whatever command line it is given with).
+  {
+    const fs::path file = dir_ / "block_size.yaml";
+    CommandResult covered = run(serve + "--config '" + file.string() + "' --block-size 16");
+    EXPECT_EQ(covered.exit_code, 1) << covered.err;
+    EXPECT_EQ(covered.err, "tandem-agent: " + file.string() +
+                               ": block_size must be an integer between 1 and 1024, got 0\n");
+  }
+
   // --threads also goes before the subcommand, for every subcommand: the
   // same check and message there.
   for (const std::string& command :
