@@ -290,7 +290,7 @@ class Router::Impl {
   // answer within forward_timeout_s is skipped. A
   // client leaving ends the call.
   // An agent's /v1/models answer listing the LoRA adapters as the router
-  // serves them: each adapter some decode agent serves, under the identity
+  // serves them: each adapter some healthy decode agent serves, under the identity
   // the router sends its requests by (AgentTracker::adapterIdentity: the
   // answering agent's own entry when it agrees, else id, parent and
   // tandem.model_identity), and none that no decode agent serves (a
@@ -312,7 +312,13 @@ class Router::Impl {
     nlohmann::json listed = nlohmann::json::array({data[0]});
     bool as_given = true;
     for (const std::string& name : agents_.adapterNames()) {
-      const std::string identity = agents_.adapterIdentity(name).value_or(std::string());
+      // None healthy serves it: a request for it gets 503 until one does.
+      const std::optional<std::string> routed = agents_.adapterIdentity(name);
+      if (!routed) {
+        as_given = as_given && own.count(name) == 0;
+        continue;
+      }
+      const std::string& identity = *routed;
       const auto mine = own.find(name);
       if (mine != own.end() && identityOf(*mine->second) == identity) {
         listed.push_back(*mine->second);

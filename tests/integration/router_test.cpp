@@ -3063,6 +3063,16 @@ TEST_F(RouterTest, AnAdaptersRequestsGoOnlyToTheAgentsServingIt) {
       "/tokenize", json{{"model", "sql"}, {"prompt", "Hello world"}}.dump(), "application/json");
   ASSERT_TRUE(tokenized);
   EXPECT_EQ(tokenized->status, 200) << tokenized->body;
+  // Its one decode agent gone, the adapter is not listed (a request for it
+  // gets 503 until one serves it again). Before, it was listed with an
+  // empty identity.
+  ::kill(decode_[1]->pid(), SIGKILL);
+  ASSERT_TRUE(eventually(
+      [&] { return routerMetric("tandem_router_agent_healthy", "agent=\"decode-1\"") == 0; }));
+  auto without = client_->Get("/v1/models");
+  ASSERT_TRUE(without);
+  EXPECT_EQ(json::parse(without->body)["data"].size(), 1u) << without->body;
+  EXPECT_EQ(post(probe).status, 503);
 }
 
 // Decode agents serving one adapter name from different files: the router
