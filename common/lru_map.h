@@ -35,6 +35,12 @@ class LruMap {
     entries_.pop_back();
   }
   size_t size() const { return entries_.size(); }
+  // Calls f(key, value) for every entry, most recently used first, without
+  // changing their order.
+  template <typename F>
+  void forEach(F&& f) {
+    for (auto& [key, value] : entries_) f(key, value);
+  }
 
  private:
   std::list<std::pair<Key, Value>> entries_;  // most recently used first

@@ -108,22 +108,38 @@ StatusOr<std::shared_ptr<CompiledGrammar>> ConstraintCache::get(const Constraint
                     '\n' + constraint.spec;
   {
     std::lock_guard lock(mutex_);
-    if (auto* found = entries_.find(key)) return found->grammar;
+    if (Entry* found = entries_.find(key)) {
+      // Its last requests may have grown it (their memo and masks).
+      recountLocked(*found);
+      std::shared_ptr<CompiledGrammar> grammar = found->grammar;
+      evictLocked();
+      return grammar;
+    }
   }
   // Compiled outside the lock: a large schema does not hold up the others.
   StatusOr<Grammar> grammar = compileConstraint(constraint);
   if (!grammar.isOk()) return grammar.status();
   auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar).value(), vocabulary_);
-  const int64_t bytes = compiled->approxBytes();
   std::lock_guard lock(mutex_);
-  if (auto* found = entries_.find(key)) return found->grammar;
-  entries_.put(key, Entry{compiled, bytes});
-  bytes_ += bytes;
+  if (Entry* found = entries_.find(key)) return found->grammar;
+  entries_.put(key, Entry{compiled, 0});
+  // Every grammar as it is now: requests grew some since they were counted.
+  entries_.forEach([this](const std::string&, Entry& entry) { recountLocked(entry); });
+  evictLocked();
+  return compiled;
+}
+
+void ConstraintCache::recountLocked(Entry& entry) {
+  const int64_t bytes = entry.grammar->approxBytes();
+  bytes_ += bytes - entry.bytes;
+  entry.bytes = bytes;
+}
+
+void ConstraintCache::evictLocked() {
   while (entries_.size() > 1 && (entries_.size() > capacity_ || bytes_ > max_bytes_)) {
     bytes_ -= entries_.oldest().second.bytes;
     entries_.popOldest();
   }
-  return compiled;
 }
 
 }  // namespace tandem::structured

@@ -55,10 +55,12 @@ struct Constraint {
 StatusOr<Grammar> compileConstraint(const Constraint& constraint);
 
 // Compiled grammars for one vocabulary, least recently used dropped past
-// `capacity` grammars or `max_bytes` of their memory (approxBytes when
-// compiled: a 1,000-value enum's token classes take hundreds of MB), as
-// vLLM bounds xgrammar's cache in bytes. The newest is always kept; a
-// dropped grammar lives on while requests use it. Thread-safe.
+// `capacity` grammars or `max_bytes` of their memory (approxBytes: a
+// 1,000-value enum's token classes take about 10 MB, and its requests grow
+// its memo and masks; a grammar is counted again each time a request gets
+// it, and every one when one is compiled), as vLLM bounds xgrammar's cache
+// in bytes. The newest is always kept; a dropped grammar lives on while
+// requests use it. Thread-safe.
 class ConstraintCache {
  public:
   static constexpr int64_t kDefaultMaxBytes = int64_t{512} << 20;
@@ -68,15 +70,19 @@ class ConstraintCache {
 
   StatusOr<std::shared_ptr<CompiledGrammar>> get(const Constraint& constraint);
   const std::shared_ptr<const Vocabulary>& vocabulary() const { return vocabulary_; }
-  // The entries held and their memory as counted when compiled.
+  // The entries held and their memory as last counted.
   size_t size();
   int64_t bytes();
 
  private:
   struct Entry {
     std::shared_ptr<CompiledGrammar> grammar;
-    int64_t bytes = 0;
+    int64_t bytes = 0;  // as last counted
   };
+  // entry.bytes (and bytes_) made what the grammar holds now.
+  void recountLocked(Entry& entry);
+  // Drops the least recently used past either bound, the newest kept.
+  void evictLocked();
   std::shared_ptr<const Vocabulary> vocabulary_;
   size_t capacity_;
   int64_t max_bytes_;

@@ -399,6 +399,41 @@ TEST(ConstraintCache, IsBoundedByTheGrammarsMemory) {
   EXPECT_EQ(tiny.size(), 1u);
 }
 
+// A grammar's requests grow what it holds (its memo of moves, its cached
+// masks): the cache counts a grammar again when a request gets it, so its
+// bound holds what the grammars hold now, not what they held compiled.
+// Before, only the compiled size counted, and an agent's grammars outgrew
+// the 512 MiB bound by their requests' memos.
+TEST(ConstraintCache, CountsAGrammarAsItsRequestsGrewIt) {
+  auto vocab = wordVocabulary();
+  ConstraintCache cache(vocab);
+  const Constraint constraint{ConstraintKind::kRegex, "[a-z]{1,12}( [a-z]{1,12}){0,30}"};
+  auto grammar = cache.get(constraint);
+  ASSERT_TRUE(grammar.isOk()) << grammar.status().message();
+  const int64_t compiled = cache.bytes();
+  EXPECT_EQ(compiled, (*grammar)->approxBytes());
+  {
+    Matcher matcher(*grammar);
+    std::vector<uint64_t> mask(static_cast<size_t>(vocab->maskWords()));
+    for (int step = 0; step < 40; ++step) {
+      matcher.fillMask(mask);
+      // The highest allowed token: a long word, then a space, and so on.
+      TokenId pick = -1;
+      for (size_t w = 0; w < mask.size(); ++w) {
+        for (int b = 0; b < 64; ++b) {
+          if ((mask[w] >> b) & 1) pick = static_cast<TokenId>(w * 64 + static_cast<size_t>(b));
+        }
+      }
+      if (pick < 0) break;
+      ASSERT_TRUE(matcher.accept(pick));
+    }
+  }
+  const int64_t grown = (*grammar)->approxBytes();
+  ASSERT_GT(grown, compiled) << "the request grew nothing: nothing was tested";
+  ASSERT_TRUE(cache.get(constraint).isOk());
+  EXPECT_EQ(cache.bytes(), grown);
+}
+
 // Classifying a large enum's elements builds a memo of hundreds of MB that
 // the compiled grammar drops; what it keeps (its token classes, about
 // approxBytes) must not pin the rest. Before, the classes were small
