@@ -1,5 +1,6 @@
 #include "common/command_line/command_line.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -59,30 +60,52 @@ std::vector<std::string> leftOver(const CLI::App& app) {
 std::string usageErrorText(const CLI::App& app, const CLI::ParseError& error) {
   const CLI::App& command = commandGiven(app);
   const std::string where = commandPath(command, app.get_name());
-  if (command.get_require_subcommand_min() > 0 && command.get_subcommands().empty()) {
-    std::string names;
-    for (const CLI::App* sub : command.get_subcommands({})) {
-      names += (names.empty() ? "" : ", ") + sub->get_name();
-    }
-    return "a command is needed: " + names;
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : command.get_subcommands({})) commands.push_back(sub->get_name());
+  std::string commands_text;
+  for (const std::string& name : commands) {
+    commands_text += (commands_text.empty() ? "" : ", ") + name;
   }
-  if (dynamic_cast<const CLI::ExtrasError*>(&error) == nullptr) return error.what();
+  // The words left over, whatever CLI11 refused first (a required option
+  // missing is often one misspelt among them).
   std::string text;
-  bool after_option = false;  // a word after an option not known is taken for its value
+  bool named_command = false;  // a word was taken for a command misspelt
+  bool after_option = false;   // a word after an option not known is taken for its value
   for (const std::string& word : leftOver(app)) {
     const bool option = word.size() >= 2 && word[0] == '-';
     if (!option && std::exchange(after_option, false)) continue;
     if (!text.empty()) text += "; ";
+    if (!option && !commands.empty()) {
+      named_command = true;
+      text += "\"" + word + "\" is not a command of " + where;
+      const std::string near = closestMatch(word, commands);
+      text +=
+          near.empty() ? " (its commands: " + commands_text + ")" : " (did you mean " + near + "?)";
+      continue;
+    }
     if (!option) {
       text += "\"" + word + "\" is not an argument " + where + " takes (it takes options only)";
       continue;
     }
     after_option = word.find('=') == std::string::npos;
     const std::string name = word.substr(0, word.find('='));
+    std::vector<std::string> own;
+    for (const CLI::Option* taken : command.get_options({})) {
+      for (const std::string& lname : taken->get_lnames()) own.push_back("--" + lname);
+    }
+    if (command.get_parent() != nullptr && std::find(own.begin(), own.end(), name) != own.end()) {
+      // Given before the command it belongs to.
+      text += name + " is an option of " + where + ": give it after " + command.get_name();
+      continue;
+    }
     text += name + " is not an option of " + where;
     if (const std::string near = closestMatch(name, longOptionsOf(command)); !near.empty()) {
       text += " (did you mean " + near + "?)";
     }
+  }
+  if (command.get_require_subcommand_min() > 0 && command.get_subcommands().empty() &&
+      !named_command) {
+    return (text.empty() ? "" : text + "; ") + "a command is needed: " + commands_text;
   }
   return text.empty() ? std::string(error.what()) : text;
 }

@@ -21,11 +21,13 @@ std::optional<int> parseCommandLine(CLI::App& app, int argc, const char* const* 
                                     const std::string& program);
 
 // The message for a command line CLI11 refused (what parseCommandLine
-// prints after "<program>: "): a command missing lists those there are;
-// an option the command given does not know is named with the closest one
-// it knows ("did you mean"), a word that is not an option's value as not
-// taken (one right after an option not known is taken for its value);
-// otherwise CLI11's own message.
+// prints after "<program>: "), naming every word left over whatever CLI11
+// refused first (a required option missing is often one misspelt): an
+// option the command given does not know, with the closest one it knows
+// ("did you mean"); one it knows but given before it; a word where a
+// command goes, with the closest command; another word, as not taken (one
+// right after an option not known is taken for its value). A command
+// missing lists those there are. Otherwise CLI11's own message.
 std::string usageErrorText(const CLI::App& app, const CLI::ParseError& error);
 
 }  // namespace tandem

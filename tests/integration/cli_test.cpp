@@ -473,6 +473,25 @@ TEST_F(CliTest, EveryProgramRefusesACommandLineInItsOwnWords) {
       {"tandem-bench engine --model m --bogus",
        "tandem-bench: --bogus is not an option of tandem-bench engine\nRun 'tandem-bench "
        "engine --help' for the options.\n"},
+      // A misspelt option is named though a required one is missing (it
+      // is, misspelt).
+      {"tandem-agent generate --model m --promt hi",
+       "tandem-agent: --promt is not an option of tandem-agent generate (did you mean "
+       "--prompt?)\nRun 'tandem-agent generate --help' for the options.\n"},
+      // An option of the command, given before it.
+      {"tandem-agent --port 1 serve --model m",
+       "tandem-agent: --port is an option of tandem-agent serve: give it after serve\nRun "
+       "'tandem-agent serve --help' for the options.\n"},
+      // A command misspelt, or none.
+      {"tandem-operator route",
+       "tandem-operator: \"route\" is not a command of tandem-operator (did you mean "
+       "router?)\nRun 'tandem-operator --help' for the options.\n"},
+      {"tandem-model lor",
+       "tandem-model: \"lor\" is not a command of tandem-model (did you mean lora?)\nRun "
+       "'tandem-model --help' for the options.\n"},
+      {"tandem-agent --bogus",
+       "tandem-agent: --bogus is not an option of tandem-agent; a command is needed: tokenize, "
+       "generate, serve, render-chat\nRun 'tandem-agent --help' for the options.\n"},
   };
   for (const auto& [command, err] : cases) {
     SCOPED_TRACE(command);
