@@ -671,6 +671,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   bool resent = false;            // sent again from its start (a failure before it began)
   bool left_first = false;        // an attempt after the first was made
   bool transfer_refused = false;  // a decode agent could not read the KV arranged for it
+  bool cut_answer_lost = false;   // a whole answer cut short, and no agent to send it again to
   double prefill_answered_s = -1;
   decision.candidates.clear();  // logged; not needed below
   // A prefix the decision reads from a lender (pull-back): asked for once,
@@ -1057,6 +1058,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       if (lost) {
         TANDEM_LOG(kWarn) << "router: request " << exchange.request().id
                           << ": no decode agent to send its cut answer to again";
+        cut_answer_lost = true;
       }
       client.cut_whole = nullptr;
     }
@@ -1078,6 +1080,15 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   if (client.started) {
     // Headers are out: the stream ends with an error event instead.
     co_await endStreamWithError(exchange, "every decode agent failed this request");
+    co_return;
+  }
+  if (cut_answer_lost) {
+    // Built before the co_await (GCC 12).
+    std::ostringstream why;
+    why << "the decode agent stopped before this answer's end, and no other decode agent took "
+           "it within --migration-timeout ("
+        << migration_timeout_s_ << " s)";
+    co_await exchange.respond(unavailable(why.str()));
     co_return;
   }
   if (!client.overload_refusal.empty()) {

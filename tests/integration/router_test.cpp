@@ -2100,7 +2100,9 @@ TEST_F(RouterTest, AWholeAnswerCutWithNoAgentToSendItAgainIsCountedExhausted) {
   ASSERT_TRUE(busy) << "the decode agent never ran the request";
   ASSERT_TRUE(drained && drained->status == 202);
   EXPECT_EQ(answer.first, 503) << answer.second.dump();
-  EXPECT_EQ(answer.second["error"]["message"], "every decode agent failed this request")
+  EXPECT_EQ(answer.second["error"]["message"],
+            "the decode agent stopped before this answer's end, and no other decode agent took "
+            "it within --migration-timeout (1 s)")
       << answer.second.dump();
   EXPECT_EQ(
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"error\""), 1);
