@@ -779,6 +779,7 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
   const std::string model_len = std::to_string(limits.max_model_len);
   std::variant<int64_t, ApiError> room = within(
       limits.max_model_len, "max_model_len is " + model_len, "max_model_len (" + model_len + ")");
+  std::string room_origin = "what max_model_len " + model_len + " leaves after the prompt";
   // A KV cache smaller than max_model_len (the agent warned of it at
   // start) bounds the request too, named as max_model_len is.
   if (const int64_t cache = limits.kv_cache_tokens;
@@ -786,11 +787,28 @@ std::optional<ApiError> finishRequest(ParsedRequest& parsed, const ServerLimits&
     const std::string holds = std::to_string(cache) + " tokens";
     room = within(cache, std::string(limits.kv_cache_name) + " holds " + holds,
                   "what " + std::string(limits.kv_cache_name) + " holds (" + holds + ")");
+    room_origin =
+        "what " + std::string(limits.kv_cache_name) + " (" + holds + ") leaves after the prompt";
   }
   if (const ApiError* error = std::get_if<ApiError>(&room)) return *error;
   const int64_t default_room = std::get<int64_t>(room);
-  parsed.request.sampling.max_tokens = max_tokens.value_or(
-      std::min(default_room, limits.generation_defaults.max_new_tokens.value_or(default_room)));
+  const std::optional<int64_t> configured = limits.generation_defaults.max_new_tokens;
+  parsed.request.sampling.max_tokens =
+      max_tokens.value_or(std::min(default_room, configured.value_or(default_room)));
+  // min_tokens against a max_tokens the client did not send: say where the
+  // bound comes from (the generic message named max_tokens as if given).
+  if (const int64_t least = parsed.request.sampling.min_tokens;
+      !max_tokens && least > parsed.request.sampling.max_tokens) {
+    if (configured && *configured < default_room) {
+      room_origin = "the model's generation_config max_new_tokens";
+    }
+    return invalidRequest(
+        "min_tokens (" + std::to_string(least) + ") is more than " + max_tokens_name +
+            ", which the request leaves out: its default "
+            "here is " +
+            std::to_string(parsed.request.sampling.max_tokens) + " (" + room_origin + ")",
+        "min_tokens");
+  }
   const Status status = protocol::validateSamplingParams(parsed.request.sampling, limits.vocab_size,
                                                          limits.max_model_len, prompt_len);
   if (!status.isOk()) return fromStatus(status, leadingField(status.message()));

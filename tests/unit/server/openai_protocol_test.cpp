@@ -348,6 +348,13 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
       bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
           "min_tokens must be between 0 and max_tokens (5), got 10"),
+      // Against a max_tokens left out, its default and where it comes from
+      // are said (it was named as if the client had sent it).
+      bad(completion(R"("min_tokens": 100)"), "min_tokens",
+          "min_tokens (100) is more than max_tokens, which the request leaves out: its default "
+          "here is " +
+              std::to_string(kMaxModelLen - hello_len) +
+              " (what max_model_len 64 leaves after the prompt)"),
       // Sampling types and ranges.
       bad(completion(R"("temperature": "hot")"), "temperature",
           "temperature must be a number, got string"),
