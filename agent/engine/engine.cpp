@@ -934,6 +934,10 @@ void Engine::publishStats() {
   // A block pinned by several holds (the same prefix lent twice, a lent
   // prefix of a finished request's blocks) counts once.
   stats.kv_held_blocks = std::ssize(held_block_refs_);
+  if (structured::ConstraintCache* cache = constraints_made_.load(std::memory_order_acquire)) {
+    stats.grammar_cache_grammars = static_cast<int64_t>(cache->size());
+    stats.grammar_cache_bytes = cache->bytes();
+  }
   stats.num_handed_over = num_handed_over_;
   stats.num_handed_over_blocks = num_handed_over_blocks_;
   stats.num_holds_yielded = num_holds_yielded_;
@@ -1343,6 +1347,7 @@ StatusOr<std::shared_ptr<structured::CompiledGrammar>> Engine::compileConstraint
   std::call_once(constraints_once_, [&] {
     constraints_ = std::make_unique<structured::ConstraintCache>(
         std::make_shared<structured::Vocabulary>(*tokenizer_, model_->config().vocab_size));
+    constraints_made_.store(constraints_.get(), std::memory_order_release);
   });
   return constraints_->get(constraint);
 }

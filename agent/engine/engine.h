@@ -171,6 +171,10 @@ struct EngineStats {
   int64_t kv_blocks_loaded = 0;  // blocks loaded through the KV connector
   int64_t kv_blocks_failed = 0;  // blocks that failed to load (recomputed or failed)
   int64_t kv_held_blocks = 0;    // distinct blocks held for remote readers
+  // Compiled structured-output grammars cached, and their memory as last
+  // counted (structured::ConstraintCache).
+  int64_t grammar_cache_grammars = 0;
+  int64_t grammar_cache_bytes = 0;
   bool draining = false;
   int64_t num_handed_over = 0;         // requests handed over on drain
   int64_t num_handed_over_blocks = 0;  // blocks held for their readers
@@ -477,6 +481,8 @@ class Engine {
                                           structured::Matcher& matcher);
   std::once_flag constraints_once_;
   std::unique_ptr<structured::ConstraintCache> constraints_;
+  // constraints_ once made, for stats() on other threads.
+  std::atomic<structured::ConstraintCache*> constraints_made_{nullptr};
   std::vector<uint64_t> allowed_;  // engine thread: one row's mask
   int64_t max_model_len_ = 0;
   int64_t max_hold_blocks_ = 0;

@@ -214,6 +214,11 @@ AgentMetrics::AgentMetrics(const std::string& model, const std::string& role)
   free_blocks_ = gauge("tandem_kv_cache_free_blocks", "KV blocks free or evictable.");
   held_blocks_ =
       gauge("tandem_kv_held_blocks", "KV blocks of finished requests held for a remote reader.");
+  grammar_cache_grammars_ = gauge("tandem_structured_output_grammars",
+                                  "Compiled structured-output grammars cached (at most 64).");
+  grammar_cache_bytes_ =
+      gauge("tandem_structured_output_grammar_bytes",
+            "Memory of the cached structured-output grammars as last counted (bound 512 MiB).");
   draining_ = gauge("tandem_draining",
                     "1 while the agent drains (SIGTERM or POST /admin/drain): it admits nothing.");
   handovers_ =
@@ -364,6 +369,8 @@ std::string AgentMetrics::render(const engine::EngineStats& stats) {
   kv_usage_->Set(stats.kv_cache_usage);
   free_blocks_->Set(static_cast<double>(stats.num_free_blocks));
   held_blocks_->Set(static_cast<double>(stats.kv_held_blocks));
+  grammar_cache_grammars_->Set(static_cast<double>(stats.grammar_cache_grammars));
+  grammar_cache_bytes_->Set(static_cast<double>(stats.grammar_cache_bytes));
   draining_->Set(stats.draining ? 1 : 0);
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());

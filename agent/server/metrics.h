@@ -112,6 +112,8 @@ class AgentMetrics {
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* free_blocks_;
   prometheus::Gauge* held_blocks_;
+  prometheus::Gauge* grammar_cache_grammars_;
+  prometheus::Gauge* grammar_cache_bytes_;
   prometheus::Gauge* draining_;
   prometheus::Counter* handovers_;
   prometheus::Counter* handover_blocks_;

@@ -189,6 +189,7 @@ TEST(StructuredOutput, JsonSchemaOutputsAreValidAndExactHoweverTheyRan) {
 
 TEST(StructuredOutput, JsonObjectAndGrammar) {
   Agent agent;
+  EXPECT_EQ(agent.metric("tandem_structured_output_grammars"), 0);
   for (uint32_t i = 0; i < 4; ++i) {
     const json object =
         agent.post("/v1/completions", constrained(randomPrompt(7, 400 + i), 200,
@@ -215,6 +216,10 @@ num ::= [1-9] [0-9]?)g";
     if (finish(sum) != "stop") continue;
     EXPECT_TRUE(fullMatch(R"((?<e>(?<t>[1-9][0-9]?|\((?&e)\))([+-](?&t)){0,3}))", out)) << out;
   }
+  // Two grammars compiled (json_object's and this one), each once; their
+  // memory counted.
+  EXPECT_EQ(agent.metric("tandem_structured_output_grammars"), 2);
+  EXPECT_GT(agent.metric("tandem_structured_output_grammar_bytes"), 0);
 }
 
 // A small SQL subset that knows its tables' columns: every finished output
