@@ -396,7 +396,15 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
   two["n"] = 2;
   for (const bool drain : {false, true}) {
     SCOPED_TRACE(drain ? "drain" : "queue full");
-    Agent agent(flags);
+    // Draining, the prompt is prefilled in 40-token chunks (0.4 s steps):
+    // after the first, the engine's gauges show the first choice running,
+    // so the SIGTERM comes once it is admitted (a connection being answered
+    // may still be parsing: under load, the drain came first and refused
+    // it) and well before its prompt is computed and its second choice
+    // comes.
+    std::vector<std::string> agent_flags = flags;
+    if (drain) agent_flags.insert(agent_flags.end(), {"--max-num-batched-tokens", "40"});
+    Agent agent(agent_flags);
     auto first = std::async(std::launch::async, [&] {
       int status = 0;
       json out = agent.post("/v1/completions", two, &status);
@@ -409,6 +417,7 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
     ASSERT_TRUE(eventually([&] { return active() == 2; }));
     std::vector<std::future<std::pair<int, json>>> later;
     if (drain) {
+      ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
       ::kill(agent.process().pid(), SIGTERM);
       ASSERT_TRUE(eventually(
           [&] { return agent.stderrText().find("draining for up to") != std::string::npos; }));
