@@ -33,11 +33,12 @@ std::string commandPath(const CLI::App& command, const std::string& program) {
   return program + path;
 }
 
-// Every long option name `command` takes, its parents' included (a
-// subcommand falling through to its parent takes those too), as "--name".
-std::vector<std::string> longOptionsOf(const CLI::App& command) {
+// Every long option name `command` takes, as "--name"; `with_parents`: its
+// parents' too (a subcommand falling through to its parent takes those).
+std::vector<std::string> longOptionsOf(const CLI::App& command, bool with_parents) {
   std::vector<std::string> names;
-  for (const CLI::App* at = &command; at != nullptr; at = at->get_parent()) {
+  for (const CLI::App* at = &command; at != nullptr;
+       at = with_parents ? at->get_parent() : nullptr) {
     for (const CLI::Option* option : at->get_options({})) {
       for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
     }
@@ -71,6 +72,8 @@ std::string usageErrorText(const CLI::App& app, const CLI::ParseError& error) {
   std::string text;
   bool named_command = false;  // a word was taken for a command misspelt
   bool after_option = false;   // a word after an option not known is taken for its value
+  const std::vector<std::string> own = longOptionsOf(command, false);
+  const std::vector<std::string> taken = longOptionsOf(command, true);
   for (const std::string& word : leftOver(app)) {
     const bool option = word.size() >= 2 && word[0] == '-';
     if (!option && std::exchange(after_option, false)) continue;
@@ -89,17 +92,13 @@ std::string usageErrorText(const CLI::App& app, const CLI::ParseError& error) {
     }
     after_option = word.find('=') == std::string::npos;
     const std::string name = word.substr(0, word.find('='));
-    std::vector<std::string> own;
-    for (const CLI::Option* taken : command.get_options({})) {
-      for (const std::string& lname : taken->get_lnames()) own.push_back("--" + lname);
-    }
     if (command.get_parent() != nullptr && std::find(own.begin(), own.end(), name) != own.end()) {
       // Given before the command it belongs to.
       text += name + " is an option of " + where + ": give it after " + command.get_name();
       continue;
     }
     text += name + " is not an option of " + where;
-    if (const std::string near = closestMatch(name, longOptionsOf(command)); !near.empty()) {
+    if (const std::string near = closestMatch(name, taken); !near.empty()) {
       text += " (did you mean " + near + "?)";
     }
   }

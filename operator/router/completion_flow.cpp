@@ -644,10 +644,9 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   if (!decision.decode && decode_queues_full) {
     // Load, as an agent's own refusal: the client retries later.
     metrics_.countDecision("rejected");
-    server::HttpResponse refusal = unavailable(
-        "every decode agent's waiting queue is full (--max-waiting-requests); retry later");
-    refusal.set_header("Retry-After", "1");
-    co_await exchange.respond(std::move(refusal));
+    // (unavailable() gives it its Retry-After.)
+    co_await exchange.respond(unavailable(
+        "every decode agent's waiting queue is full (--max-waiting-requests); retry later"));
     co_return;
   }
   if (!decision.decode) {
