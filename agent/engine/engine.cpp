@@ -575,6 +575,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
                              std::to_string(config_.max_waiting_requests) + "); retry later");
   }
   known_ids_.emplace(request.id, true);
+  if (request.admission_places > 1 && !request.joins_admitted) joins_awaited_.insert(request.id);
   if (request.arrival == Clock::time_point{}) request.arrival = Clock::now();
   live->callback = std::move(callback);
   live->timings.arrival = request.arrival;
@@ -588,6 +589,11 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   inbox_.push_back(std::move(pending));
   wake_.notify_one();
   return Status::ok();
+}
+
+void Engine::joinsEnded(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (joins_awaited_.erase(request_id) != 0) wake_.notify_one();
 }
 
 Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
@@ -998,7 +1004,9 @@ void Engine::loop() {
       // Once seen, a stop is news only when nothing is held: while readers
       // of held blocks are awaited the loop waits as before (not spinning)
       // and looks at the deadline as it wakes.
-      const bool holding = !held_.empty() || !deferred_holds_.empty();
+      // Later choices awaited by a stop are looked for as held blocks are.
+      const bool holding =
+          !held_.empty() || !deferred_holds_.empty() || (stopping_ && !joins_awaited_.empty());
       auto has_news = [&] {
         return !inbox_.empty() || !aborts_.empty() || !hand_over_asks_.empty() ||
                !snapshot_requests_.empty() || !release_requests_.empty() ||
@@ -1032,9 +1040,12 @@ void Engine::loop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_noticed_ = stopping_;
-      // A request queued just before the stop is served like the others.
-      stop_now = stopping_ && ((inbox_.empty() && !scheduler_->hasWork() && !handing_over) ||
-                               Clock::now() >= deadline_);
+      // A request queued just before the stop is served like the others,
+      // and so are the later choices of one admitted.
+      stop_now =
+          stopping_ &&
+          ((inbox_.empty() && !scheduler_->hasWork() && !handing_over && joins_awaited_.empty()) ||
+           Clock::now() >= deadline_);
       inbox_closed_ = stop_now;
     }
     if (stop_now) {

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "agent/engine/block_manager.h"
@@ -235,6 +236,14 @@ class Engine {
   // so that addRequest with it finds it compiled: call it where waiting is
   // allowed (a worker thread). Thread-safe; the compiler's errors.
   Status prepareStructuredOutput(const structured::Constraint& constraint);
+  // The answer of a request admitted with later choices to come
+  // (Request::admission_places > 1) has added them, or gave up: a stopping
+  // engine keeps its inbox open for them until then (or its deadline), so
+  // that a first choice ending before its answer's handler adds the others
+  // does not leave them refused. Call it for each such first choice once
+  // its answer is done adding; again, or for any other id, it does nothing.
+  // Any thread.
+  void joinsEnded(const std::string& request_id);
   // Aborts a queued or running request; its final output has reason "abort".
   // A finished request whose blocks are held for a remote reader (its
   // answer, which says where they are, did not reach its client) has them
@@ -523,6 +532,9 @@ class Engine {
   // drains it once more, then exits).
   bool inbox_closed_ = false;
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
+  // First choices admitted with later choices to come whose answers have
+  // not said joinsEnded: a stop waits for them (until its deadline).
+  std::unordered_set<std::string> joins_awaited_;
   bool stopping_ = false;
   // The loop has seen stopping_ (engine thread writes, under mutex_).
   bool stop_noticed_ = false;

@@ -291,6 +291,15 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
   // Candidates sent to the engine; the first refusal ends the answer.
   size_t added = 0;
   std::optional<ApiError> failed;
+  // A stopping engine waits for a prompt's later candidates once its first
+  // is admitted: told when they are added, and whenever this answer ends.
+  struct AwaitedJoins {
+    engine::Engine& engine;
+    std::vector<std::string> first_ids;
+    ~AwaitedJoins() {
+      for (const std::string& first_id : first_ids) engine.joinsEnded(first_id);
+    }
+  } awaited{engine, {}};
   auto add = [&](size_t c) {
     engine::Request child = groups[c / n].request.request;
     const size_t i = c % n;
@@ -311,6 +320,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
       failed = refusedByEngine(metrics, status);
     } else {
       ++added;
+      if (i == 0 && n > 1) awaited.first_ids.push_back(ids[c]);
     }
   };
   auto abortAll = [&] {
@@ -335,6 +345,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
           prompt_logprobs[g] = output->prompt_logprobs;
           // The prompt is computed and cached: its other choices now.
           for (size_t i = 1; i < n && !failed; ++i) add(g * n + i);
+          engine.joinsEnded(ids[g * n]);
         } else {
           output->prompt_logprobs = prompt_logprobs[g];
         }

@@ -1689,6 +1689,54 @@ TEST(EnginePriority, OnlyPriorityZeroIsAcceptedFirstComeFirstServed) {
   EXPECT_EQ(runToEnd(engine, request).tokens.size(), 2u);
 }
 
+// A request with n > 1 (best_of) is admitted with its first choice; its
+// answer adds the others once that one has computed the prompt. A stop
+// coming between (the first choice may even have ended, its answer's
+// handler not yet run) waits for them: they are served, not refused as
+// new requests are, and the stop ends once the answer said it is done
+// adding (Engine::joinsEnded), or at its deadline.
+TEST(EngineStop, LaterChoicesOfAnAdmittedRequestAreServedThoughTheStopCameFirst) {
+  const std::vector<TokenId> prompt = randomTokens(20, 71);
+  {
+    Engine engine(engineConfig());
+    Request first = greedyRequest("two-0", prompt, 3);
+    first.admission_places = 2;
+    Collector first_out;
+    ASSERT_TRUE(engine.addRequest(first, first_out.callback()).isOk());
+    ASSERT_TRUE(first_out.waitFinished());
+    auto stopped = std::async(std::launch::async,
+                              [&] { engine.shutdown(Clock::now() + std::chrono::seconds(60)); });
+    EXPECT_EQ(stopped.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+        << "the stop did not wait for the request's second choice";
+    const Status refused = engine.addRequest(greedyRequest("new", prompt, 3), [](auto&) {});
+    EXPECT_EQ(refused.message(), "the engine is shutting down");
+    Request second = greedyRequest("two-1", prompt, 3);
+    second.joins_admitted = true;
+    Collector second_out;
+    ASSERT_TRUE(engine.addRequest(second, second_out.callback()).isOk());
+    engine.joinsEnded("two-0");
+    ASSERT_TRUE(second_out.waitFinished());
+    EXPECT_EQ(second_out.reason, FinishReason::kLength);
+    EXPECT_EQ(second_out.tokens, first_out.tokens);
+    stopped.get();
+    const Status after = engine.addRequest(second, [](auto&) {});
+    EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.message();
+  }
+  {
+    // An answer that never says it is done keeps the stop until its deadline.
+    Engine engine(engineConfig());
+    Request first = greedyRequest("three-0", prompt, 3);
+    first.admission_places = 3;
+    Collector first_out;
+    ASSERT_TRUE(engine.addRequest(first, first_out.callback()).isOk());
+    ASSERT_TRUE(first_out.waitFinished());
+    engine.shutdown(Clock::now() + std::chrono::milliseconds(300));
+    Request second = greedyRequest("three-1", prompt, 3);
+    second.joins_admitted = true;
+    EXPECT_EQ(engine.addRequest(second, [](auto&) {}).message(), "the engine is shutting down");
+  }
+}
+
 // Blocks taken for drafts that were not accepted go back at the end of the
 // step: between steps a sequence holds only the blocks its computed
 // positions fill, as without drafts; and one whose answer ends inside its
