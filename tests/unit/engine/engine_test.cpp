@@ -1697,43 +1697,46 @@ TEST(EnginePriority, OnlyPriorityZeroIsAcceptedFirstComeFirstServed) {
 // adding (Engine::joinsEnded), or at its deadline.
 TEST(EngineStop, LaterChoicesOfAnAdmittedRequestAreServedThoughTheStopCameFirst) {
   const std::vector<TokenId> prompt = randomTokens(20, 71);
+  // The request's first choice, admitted for `choices` and run to its end.
+  auto firstChoice = [&](Engine& engine, const std::string& id, int64_t choices, Collector& out) {
+    Request first = greedyRequest(id, prompt, 3);
+    first.admission_places = choices;
+    ASSERT_TRUE(engine.addRequest(first, out.callback()).isOk());
+    ASSERT_TRUE(out.waitFinished());
+  };
+  auto laterChoice = [&](const std::string& id) {
+    Request later = greedyRequest(id, prompt, 3);
+    later.joins_admitted = true;
+    return later;
+  };
   {
     Engine engine(engineConfig());
-    Request first = greedyRequest("two-0", prompt, 3);
-    first.admission_places = 2;
     Collector first_out;
-    ASSERT_TRUE(engine.addRequest(first, first_out.callback()).isOk());
-    ASSERT_TRUE(first_out.waitFinished());
+    firstChoice(engine, "two-0", 2, first_out);
     auto stopped = std::async(std::launch::async,
                               [&] { engine.shutdown(Clock::now() + std::chrono::seconds(60)); });
     EXPECT_EQ(stopped.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
         << "the stop did not wait for the request's second choice";
     const Status refused = engine.addRequest(greedyRequest("new", prompt, 3), [](auto&) {});
     EXPECT_EQ(refused.message(), "the engine is shutting down");
-    Request second = greedyRequest("two-1", prompt, 3);
-    second.joins_admitted = true;
     Collector second_out;
-    ASSERT_TRUE(engine.addRequest(second, second_out.callback()).isOk());
+    ASSERT_TRUE(engine.addRequest(laterChoice("two-1"), second_out.callback()).isOk());
     engine.joinsEnded("two-0");
     ASSERT_TRUE(second_out.waitFinished());
     EXPECT_EQ(second_out.reason, FinishReason::kLength);
     EXPECT_EQ(second_out.tokens, first_out.tokens);
     stopped.get();
-    const Status after = engine.addRequest(second, [](auto&) {});
+    const Status after = engine.addRequest(laterChoice("two-2"), [](auto&) {});
     EXPECT_EQ(after.code(), StatusCode::kUnavailable) << after.message();
   }
   {
     // An answer that never says it is done keeps the stop until its deadline.
     Engine engine(engineConfig());
-    Request first = greedyRequest("three-0", prompt, 3);
-    first.admission_places = 3;
     Collector first_out;
-    ASSERT_TRUE(engine.addRequest(first, first_out.callback()).isOk());
-    ASSERT_TRUE(first_out.waitFinished());
+    firstChoice(engine, "three-0", 3, first_out);
     engine.shutdown(Clock::now() + std::chrono::milliseconds(300));
-    Request second = greedyRequest("three-1", prompt, 3);
-    second.joins_admitted = true;
-    EXPECT_EQ(engine.addRequest(second, [](auto&) {}).message(), "the engine is shutting down");
+    EXPECT_EQ(engine.addRequest(laterChoice("three-1"), [](auto&) {}).message(),
+              "the engine is shutting down");
   }
 }
 
