@@ -569,8 +569,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
     return invalidArgument("request id " + request.id + " is already in use");
   }
   if (!request.joins_admitted &&
-      static_cast<int64_t>(inbox_.size()) + stats_.num_waiting + request.admission_places >
-          config_.max_waiting_requests) {
+      waitingLocked() + request.admission_places > config_.max_waiting_requests) {
     return resourceExhausted("too many waiting requests (" +
                              std::to_string(config_.max_waiting_requests) + "); retry later");
   }
@@ -907,6 +906,7 @@ EngineStats Engine::stats() const {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats = stats_;
+    stats.num_waiting = waitingLocked();
   }
   // Counted as they happen, also for requests refused before they are queued.
   if (connector_) {
@@ -964,6 +964,8 @@ void Engine::drainInbox() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     inbox.swap(inbox_);
+    // Counted as waiting until the step's schedule says where they went.
+    stats_.num_waiting += std::ssize(inbox);
     aborts.swap(aborts_);
     hand_over_asks.swap(hand_over_asks_);
     snapshots.swap(snapshot_requests_);
@@ -1118,6 +1120,14 @@ void Engine::failStep(const std::string& what) {
 void Engine::step() {
   if (connector_source_) connector_source_->pollLoads(*scheduler_);
   SchedulerOutput output = scheduler_->schedule();
+  {
+    // The queues as this step leaves them, for its whole length (a long
+    // prefill step's admissions and gauges count them, not the last step's).
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.num_running = scheduler_->numRunning();
+    stats_.num_waiting = scheduler_->numWaiting();
+    stats_.num_prefill_tokens_waiting = scheduler_->numPrefillTokensWaiting();
+  }
   for (const ScheduledChunk& chunk : output.chunks) step_batch_.push_back(chunk.sequence);
   step_batch_known_ = true;
   for (Sequence* failed : output.failed_loads) {

@@ -531,6 +531,10 @@ class Engine {
   // Set with the decision to stop: nothing more enters the inbox (the loop
   // drains it once more, then exits).
   bool inbox_closed_ = false;
+  // Requests waiting to run, those not yet taken from the inbox too: what
+  // --max-waiting-requests bounds and tandem_num_requests_waiting shows.
+  // Under mutex_.
+  int64_t waitingLocked() const { return std::ssize(inbox_) + stats_.num_waiting; }
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   // First choices admitted with later choices to come whose answers have
   // not said joinsEnded: a stop waits for them (until its deadline).

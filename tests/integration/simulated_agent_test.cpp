@@ -396,12 +396,9 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
   two["n"] = 2;
   for (const bool drain : {false, true}) {
     SCOPED_TRACE(drain ? "drain" : "queue full");
-    // Draining, the prompt is prefilled in 40-token chunks (0.4 s steps):
-    // after the first, the engine's gauges show the first choice running,
-    // so the SIGTERM comes once it is admitted (a connection being answered
-    // may still be parsing: under load, the drain came first and refused
-    // it) and well before its prompt is computed and its second choice
-    // comes.
+    // Draining, the prompt is prefilled in 40-token chunks (0.4 s steps),
+    // so the SIGTERM comes well before its prompt is computed and its
+    // second choice comes.
     std::vector<std::string> agent_flags = flags;
     if (drain) agent_flags.insert(agent_flags.end(), {"--max-num-batched-tokens", "40"});
     Agent agent(agent_flags);
@@ -410,14 +407,12 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
       json out = agent.post("/v1/completions", two, &status);
       return std::pair{status, out};
     });
-    // Connections being answered, the scrape's own included. Its first
-    // choice is then in its 2-second prefill step (the engine's gauges are
-    // published after a step, the connections' at once).
-    auto active = [&] { return agent.metric("tandem_http_connections", "state=\"active\""); };
-    ASSERT_TRUE(eventually([&] { return active() == 2; }));
+    // Its first choice is admitted and in its prefill (the gauges count a
+    // step's sequences as it begins, and requests accepted meanwhile).
+    auto waiting = [&] { return agent.metric("tandem_num_requests_waiting"); };
+    ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
     std::vector<std::future<std::pair<int, json>>> later;
     if (drain) {
-      ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
       ::kill(agent.process().pid(), SIGTERM);
       ASSERT_TRUE(eventually(
           [&] { return agent.stderrText().find("draining for up to") != std::string::npos; }));
@@ -430,7 +425,7 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
         }));
       };
       send(0);
-      ASSERT_TRUE(eventually([&] { return active() == 3; }));
+      ASSERT_TRUE(eventually([&] { return waiting() == 1; }));
       // One place is left: a request of two choices needs both.
       json another = two;
       another["prompt"] = randomPrompt(8, 50);
@@ -441,7 +436,7 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
       // The last place: the queue is full behind the first as its prefill
       // step ends and its second choice comes.
       send(1);
-      ASSERT_TRUE(eventually([&] { return active() == 4; }));
+      ASSERT_TRUE(eventually([&] { return waiting() == 2; }));
     }
     const auto [status, out] = first.get();
     ASSERT_EQ(status, 200) << out.dump();
@@ -458,6 +453,45 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
       EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"abort\""), 0);
     }
   }
+}
+
+// Requests accepted while a step runs wait, and are counted so at once:
+// by the waiting bound (they were not until the step after the one that
+// took them from the inbox, so more than --max-waiting-requests could
+// wait) and by tandem_num_requests_waiting; a step's sequences are
+// counted as it begins.
+TEST(SimulatedAgent, TheWaitingBoundCountsRequestsAcceptedDuringAStep) {
+  Agent agent({"--simulate", profileFile("slow-prefill.yaml", kSlowPrefillProfile).string(),
+               "--max-num-seqs", "1", "--max-waiting-requests", "2"});
+  std::vector<std::future<int>> served;
+  auto send = [&](uint32_t seed) {
+    served.push_back(std::async(std::launch::async, [&agent, seed] {
+      int status = 0;
+      agent.post("/v1/completions", greedy(randomPrompt(400, seed), 1), &status);
+      return status;
+    }));
+  };
+  auto running = [&] { return agent.metric("tandem_num_requests_running"); };
+  auto waiting = [&] { return agent.metric("tandem_num_requests_waiting"); };
+  auto refused = [&](uint32_t seed) {
+    int status = 0;
+    const json out = agent.post("/v1/completions", greedy(randomPrompt(8, seed), 1), &status);
+    EXPECT_EQ(status, 503) << out.dump();
+    EXPECT_EQ(out["error"]["message"], "too many waiting requests (2); retry later");
+  };
+  send(60);  // a 4-second prefill step
+  ASSERT_TRUE(eventually([&] { return running() == 1; }));
+  send(61);
+  send(62);
+  ASSERT_TRUE(eventually([&] { return waiting() == 2; }));
+  refused(63);
+  // The first is over; the second's step runs, the third waits.
+  ASSERT_TRUE(eventually([&] { return running() == 1 && waiting() == 1; }));
+  send(64);
+  ASSERT_TRUE(eventually([&] { return waiting() == 2; }));
+  refused(65);
+  for (auto& each : served) EXPECT_EQ(each.get(), 200);
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"rejected\""), 2);
 }
 
 // The hand-off between simulated agents over each UCX transport.
