@@ -188,7 +188,13 @@ class FieldReader {
       } else if (integer) {
         range = "at least " + std::to_string(min);
       } else {
-        range = "a 64-bit integer";  // past what int64 holds
+        // Past what int64 holds, read as a double (so quoted rounded):
+        // the range is named too.
+        fail(param(name) +
+                 " must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got " +
+                 compactDump(value) + ", outside that range",
+             param(name));
+        return std::nullopt;
       }
       fail(param(name) + " must be " + range + ", got " + compactDump(value), param(name));
       return std::nullopt;

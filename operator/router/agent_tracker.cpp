@@ -116,6 +116,16 @@ std::vector<AgentPtr> AgentTracker::agentsOf(bool prefill) {
   return out;
 }
 
+int64_t AgentTracker::smallestDecodeCache() {
+  int64_t smallest = 0;
+  for (const AgentPtr& agent : agentsOf(false)) {
+    const int64_t tokens = agent->kv_cache_tokens;
+    if (!agent->healthy || tokens <= 0) continue;
+    smallest = smallest == 0 ? tokens : std::min(smallest, tokens);
+  }
+  return smallest;
+}
+
 std::vector<std::string> AgentTracker::adapterNames() {
   std::set<std::string> names;
   std::lock_guard<std::mutex> lock(mutex_);

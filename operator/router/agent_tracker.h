@@ -148,6 +148,10 @@ class AgentTracker {
   std::vector<std::string> adapterNames();
   std::optional<std::string> adapterIdentity(const std::string& adapter);
   bool anyHealthy(bool prefill);
+  // The tokens the smallest healthy decode agent's KV cache holds (its
+  // tandem.kv_cache_tokens): what a request's prompt plus max_tokens must
+  // fit whichever decode agent serves it. 0 while none is known.
+  int64_t smallestDecodeCache();
   // Sets every listed agent's ledger gauges to `counts(agent)` (called
   // under the tracker's lock, so an unlisted agent's series stay gone).
   void publishLedger(const std::function<LedgerCounts(const AgentState&)>& counts);

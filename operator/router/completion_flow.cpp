@@ -194,16 +194,6 @@ void boundDefaultMaxTokens(Body& body, const server::ParsedRequest& parsed, int6
   body["max_tokens"] = parsed.request.sampling.max_tokens;
 }
 
-int64_t smallestDecodeCache(const std::vector<AgentPtr>& decode_agents) {
-  int64_t smallest = 0;
-  for (const AgentPtr& agent : decode_agents) {
-    const int64_t tokens = agent->kv_cache_tokens;
-    if (!agent->healthy || tokens <= 0) continue;
-    smallest = smallest == 0 ? tokens : std::min(smallest, tokens);
-  }
-  return smallest;
-}
-
 // Whether a failed upstream call timed out (the agent stayed silent).
 bool timedOut(const std::exception& e) {
   const auto* system = dynamic_cast<const boost::system::system_error*>(&e);
@@ -480,7 +470,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   std::atomic<bool> cancel{false};
   const std::string* body_text = &exchange.request().body;
   const ModelView* model_view = model.get();
-  const int64_t decode_cache_tokens = smallestDecodeCache(agents_.agentsOf(false));
+  const int64_t decode_cache_tokens = agents_.smallestDecodeCache();
   server::Result<server::ParsedRequest> parsed =
       co_await exchange.offload<server::Result<server::ParsedRequest>>(
           [body_text, chat, model_view, &cancel, decode_cache_tokens] {

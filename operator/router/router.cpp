@@ -268,8 +268,8 @@ class Router::Impl {
     http_->route("POST", "/v1/chat/completions",
                  [this](HttpExchange& exchange) { return complete(exchange, true); });
     // An agent's own answer, as a client of the agents would get it
-    // (docs/router.md); /v1/models also lists the LoRA adapters other
-    // agents serve.
+    // (docs/router.md); /v1/models as the router serves the model
+    // (asTheRouterServes).
     http_->route("GET", "/v1/models",
                  [this](HttpExchange& exchange) { return forward(exchange, true); });
     for (const char* path : {"/tokenize", "/detokenize"}) {
@@ -289,19 +289,30 @@ class Router::Impl {
   // body; an agent that cannot be reached, fails (agentFailed) or does not
   // answer within forward_timeout_s is skipped. A
   // client leaving ends the call.
-  // An agent's /v1/models answer listing the LoRA adapters as the router
-  // serves them: each adapter some healthy decode agent serves, under the identity
-  // the router sends its requests by (AgentTracker::adapterIdentity: the
+  // An agent's /v1/models answer as the router serves the model: the LoRA
+  // adapters each some healthy decode agent serves, under the identity the
+  // router sends its requests by (AgentTracker::adapterIdentity: the
   // answering agent's own entry when it agrees, else id, parent and
   // tandem.model_identity), and none that no decode agent serves (a
-  // prefill agent's own). So a client of the router sees every model it
-  // accepts, each as it will be served; an answer it cannot read goes as
-  // it is.
-  std::string withEveryAdapter(std::string answer) {
+  // prefill agent's own); the base model's tandem.kv_cache_tokens the
+  // smallest healthy decode agent's (the bound the router checks a prompt
+  // plus max_tokens against, and gives a request without max_tokens), and
+  // no tandem.max_waiting_requests (one agent's queue: the router's own is
+  // --max-queued-requests). So a client of the router sees every model it
+  // accepts, each as it will be served, whichever agent answered; an
+  // answer it cannot read goes as it is.
+  std::string asTheRouterServes(std::string answer) {
     nlohmann::json models = parseJsonOrDiscarded(answer);
     if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
         models["data"].empty() || !models["data"][0].is_object()) {
       return answer;
+    }
+    if (const auto tandem = models["data"][0].find("tandem");
+        tandem != models["data"][0].end() && tandem->is_object()) {
+      tandem->erase("max_waiting_requests");
+      if (const int64_t cache = agents_.smallestDecodeCache(); cache > 0) {
+        (*tandem)["kv_cache_tokens"] = cache;
+      }
     }
     const nlohmann::json& data = models["data"];
     const std::string base = data[0].value("id", std::string());
@@ -310,21 +321,16 @@ class Router::Impl {
       if (data[i].is_object()) own.emplace(data[i].value("id", std::string()), &data[i]);
     }
     nlohmann::json listed = nlohmann::json::array({data[0]});
-    bool as_given = true;
     for (const std::string& name : agents_.adapterNames()) {
       // None healthy serves it: a request for it gets 503 until one does.
       const std::optional<std::string> routed = agents_.adapterIdentity(name);
-      if (!routed) {
-        as_given = as_given && own.count(name) == 0;
-        continue;
-      }
+      if (!routed) continue;
       const std::string& identity = *routed;
       const auto mine = own.find(name);
       if (mine != own.end() && identityOf(*mine->second) == identity) {
         listed.push_back(*mine->second);
         continue;
       }
-      as_given = false;
       nlohmann::json entry = nlohmann::json::object();
       entry["id"] = name;
       entry["object"] = "model";
@@ -333,7 +339,6 @@ class Router::Impl {
       entry["tandem"]["model_identity"] = identity;
       listed.push_back(std::move(entry));
     }
-    if (as_given && listed.size() == data.size()) return answer;  // the agent's bytes
     models["data"] = std::move(listed);
     return models.dump();
   }
@@ -344,7 +349,7 @@ class Router::Impl {
     return identity != tandem->end() && identity->is_string() ? identity->get<std::string>() : "";
   }
 
-  awaitable<void> forward(HttpExchange& exchange, bool list_every_adapter = false) {
+  awaitable<void> forward(HttpExchange& exchange, bool as_the_router_serves = false) {
     const HttpRequest& request = exchange.request();
     const std::string target =
         request.query.empty() ? request.path : request.path + "?" + request.query;
@@ -375,8 +380,8 @@ class Router::Impl {
                              &exchange, OnClientLeaving::kCut);
       if (exchange.clientGone()) co_return;
       if (result.status != 0 && !agentFailed(result.status)) {
-        if (list_every_adapter && result.status == 200) {
-          result.body = withEveryAdapter(std::move(result.body));
+        if (as_the_router_serves && result.status == 200) {
+          result.body = asTheRouterServes(std::move(result.body));
         }
         co_await exchange.respond(server::httpJsonResponse(result.status, std::move(result.body)));
         co_return;

@@ -2331,7 +2331,9 @@ TEST_F(RouterTest, ARequestWithoutMaxTokensHasOneBoundWhicheverDecodeAgentServes
   options.decodes = 2;
   options.policy = Policy::kRoundRobin;
   options.agent_args = [](bool prefill, int index) {
-    return prefill || index == 1 ? std::vector<std::string>{}
+    // decode-1's cache is the small one: decode-0 answers the router's
+    // forwarded /v1/models.
+    return prefill || index == 0 ? std::vector<std::string>{}
                                  : std::vector<std::string>{"--num-blocks", "24"};
   };
   startCluster(options);
@@ -2346,6 +2348,15 @@ TEST_F(RouterTest, ARequestWithoutMaxTokensHasOneBoundWhicheverDecodeAgentServes
     EXPECT_EQ(answer.body["usage"]["completion_tokens"], 284) << answer.decode_agent;
   }
   EXPECT_EQ(served_by.size(), 2u) << "one decode agent served every request: nothing was tested";
+  // The router's model list gives that bound, whichever agent answered it,
+  // and no one agent's queue bound.
+  for (int i = 0; i < 4; ++i) {
+    auto models = client_->Get("/v1/models");
+    ASSERT_TRUE(models);
+    const json tandem = json::parse(models->body)["data"][0]["tandem"];
+    EXPECT_EQ(tandem["kv_cache_tokens"], 24 * 16) << tandem.dump();
+    EXPECT_FALSE(tandem.contains("max_waiting_requests")) << tandem.dump();
+  }
 }
 
 // A rollout's extra agent on a pool of one (maxSurge 1): streams begun on

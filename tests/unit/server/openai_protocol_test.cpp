@@ -342,9 +342,11 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("max_tokens": 2.5)"), "max_tokens",
           "max_tokens must be an integer, got 2.5"),
       bad(completion(R"("max_tokens": 1e30)"), "max_tokens",
-          "max_tokens must be a 64-bit integer, got 1e+30"),
+          "max_tokens must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got "
+          "1e+30, outside that range"),
       bad(completion(R"("max_tokens": 18446744073709551615)"), "max_tokens",
-          "max_tokens must be a 64-bit integer, got 18446744073709551615"),
+          "max_tokens must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got "
+          "18446744073709551615, outside that range"),
       bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
       bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
           "min_tokens must be between 0 and max_tokens (5), got 10"),
@@ -450,7 +452,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("priority": 1.5)"), "priority", "priority must be an integer, got 1.5"),
       // Below int64: read as a double, which rounds it to -2^63.
       bad(completion(R"("priority": -9223372036854775809)"), "priority",
-          "priority must be a 64-bit integer, got -9.223372036854776e+18"),
+          "priority must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got "
+          "-9.223372036854776e+18, outside that range"),
       bad(completion(R"("kv_transfer_params": "x")"), "kv_transfer_params",
           "kv_transfer_params must be an object, got string"),
       // Refused features.
