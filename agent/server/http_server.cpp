@@ -719,6 +719,10 @@ void HttpServer::routes() {
           // passes over a decode agent whose queue it saw full, rather
           // than prefill a request that agent would refuse.
           {"max_waiting_requests", engine_.config().max_waiting_requests},
+          // The sequences it computes at once (--max-num-seqs): with the
+          // waiting bound, how many requests it takes before refusing,
+          // which a router counts its own against between two polls.
+          {"max_num_seqs", engine_.config().scheduler.max_num_seqs},
           // What a request leaves out is taken from (--generation-config).
           {"generation_defaults", config_.generation_defaults.toJson()},
           // The output parsers, which a router checks requests with.

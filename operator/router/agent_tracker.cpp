@@ -260,6 +260,7 @@ awaitable<bool> AgentTracker::pollOnce(AgentState& agent) {
       identity = modelIdentityOf(answer);
       agent.kv_cache_tokens = agentCountOf(answer, "kv_cache_tokens");
       agent.max_waiting_requests = agentCountOf(answer, "max_waiting_requests");
+      agent.max_num_seqs = agentCountOf(answer, "max_num_seqs");
     } catch (const std::exception& error) {
       TANDEM_LOG(kWarn) << "router: the /v1/models answer of " << agent.endpoint.name
                         << " is not an agent's: " << error.what();

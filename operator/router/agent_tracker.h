@@ -30,6 +30,7 @@
 
 #include "common/block_hash.h"
 #include "operator/router/ownership_index.h"
+#include "operator/router/policy.h"
 #include "operator/router/router.h"
 #include "operator/router/router_metrics.h"
 #include "operator/router/served_model.h"
@@ -59,11 +60,20 @@ struct AgentState {
   // The requests it lets wait (/v1/models tandem.max_waiting_requests); 0:
   // not known.
   std::atomic<int64_t> max_waiting_requests{0};
-  // Whether its waiting queue was full at the last poll: it would refuse a
-  // request sent now ("too many waiting requests").
-  bool queueFull() const {
+  // The sequences it computes at once (/v1/models tandem.max_num_seqs); 0:
+  // not known.
+  std::atomic<int64_t> max_num_seqs{0};
+  // Whether it would refuse a request sent now ("too many waiting
+  // requests"): its waiting queue was full at the last poll, or the
+  // requests the router has reserved on it since, with the load others
+  // gave it at that poll (`view`'s), fill every seat and every place in
+  // its queue (a queue filling between two polls).
+  bool queueFull(const AgentView& view) const {
     const int64_t most = max_waiting_requests;
-    return most > 0 && waiting >= most;
+    if (most <= 0) return false;
+    if (waiting >= most) return true;
+    const int64_t seats = max_num_seqs;
+    return seats > 0 && view.external_requests + view.reserved_requests >= seats + most;
   }
   // Of the polled running + waiting, those the router's ledger did not hold
   // while the poll was under way: load another router or client sent.

@@ -151,22 +151,23 @@ server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool
               : server::parseCompletionRequest(body, limits, *model.tokenizer);
 }
 
-// A decode agent whose waiting queue was full at its last poll would refuse
+// A decode agent whose waiting queue is full (AgentState::queueFull: at
+// its last poll, or by the requests the router sent it since) would refuse
 // a request sent now, once a prefill agent had computed its prompt: while
 // another healthy one's is not, those are passed over (their views made
 // unhealthy for this decision). Returns whether every healthy one's was
 // full (none passed over then: the request is refused before its prefill).
-// A queue that fills between two polls still refuses after the prefill.
+// A queue others fill between two polls still refuses after the prefill.
 bool passOverFullQueues(std::vector<AgentView>& views, const std::vector<AgentPtr>& agents) {
   size_t open = 0;
   size_t full = 0;
   for (size_t i = 0; i < views.size(); ++i) {
     if (!views[i].healthy) continue;
-    ++(agents[i]->queueFull() ? full : open);
+    ++(agents[i]->queueFull(views[i]) ? full : open);
   }
   if (open == 0) return full > 0;
   for (size_t i = 0; i < views.size(); ++i) {
-    if (!views[i].healthy || !agents[i]->queueFull()) continue;
+    if (!views[i].healthy || !agents[i]->queueFull(views[i])) continue;
     views[i].healthy = false;
     views[i].leading_blocks = 0;
   }

@@ -297,10 +297,10 @@ class Router::Impl {
   // prefill agent's own); the base model's tandem.kv_cache_tokens the
   // smallest healthy decode agent's (the bound the router checks a prompt
   // plus max_tokens against, and gives a request without max_tokens), and
-  // no tandem.max_waiting_requests (one agent's queue: the router's own is
-  // --max-queued-requests). So a client of the router sees every model it
-  // accepts, each as it will be served, whichever agent answered; an
-  // answer it cannot read goes as it is.
+  // no tandem.max_waiting_requests nor max_num_seqs (one agent's bounds:
+  // the router's own are --max-inflight-requests, --max-queued-requests). So a client of the router
+  // sees every model it accepts, each as it will be served, whichever agent answered; an answer it
+  // cannot read goes as it is.
   std::string asTheRouterServes(std::string answer) {
     nlohmann::json models = parseJsonOrDiscarded(answer);
     if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
@@ -310,6 +310,7 @@ class Router::Impl {
     if (const auto tandem = models["data"][0].find("tandem");
         tandem != models["data"][0].end() && tandem->is_object()) {
       tandem->erase("max_waiting_requests");
+      tandem->erase("max_num_seqs");
       if (const int64_t cache = agents_.smallestDecodeCache(); cache > 0) {
         (*tandem)["kv_cache_tokens"] = cache;
       }

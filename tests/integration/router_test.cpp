@@ -2147,51 +2147,20 @@ TEST_F(RouterTest, AnswersCutOnALoneAgentGoToItsProcessRestartedInPlace) {
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
-// A decode agent whose waiting queue is full refuses a request with 503
-// "too many waiting requests": load, not a failure. With no other decode
-// agent to take it, the client gets that refusal (with Retry-After, to
-// retry), counted as rejected and not as the agent's error. Before, it got
-// "every decode agent failed this request", and the agent's error count
-// rose as if it were broken. (The router polls once here: it never sees
-// the queue full, so the agent is the one to refuse.)
-TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
+// The small model, round robin, and a decode agent with one seat and one
+// waiting place (--max-num-seqs 1 --max-waiting-requests 1); the router
+// polls every `poll_interval_s` (600: once; by default as in other tests).
+RouterClusterOptions oneSeatAndOnePlace(
+    double poll_interval_s = RouterClusterOptions().poll_interval_s) {
   RouterClusterOptions options;
   options.model = smallModelDir();
   options.policy = Policy::kRoundRobin;
-  options.poll_interval_s = 600;
+  options.poll_interval_s = poll_interval_s;
   options.agent_args = [](bool prefill, int) {
     return prefill ? std::vector<std::string>{}
                    : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
   };
-  startCluster(options);
-  // One runs, one waits; the others come while both are there.
-  constexpr int kRequests = 6;
-  std::vector<std::tuple<int, std::string, std::string>> answers(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) {
-    clients.emplace_back([&, i] {
-      httplib::Client client("127.0.0.1", router_->port());
-      client.set_read_timeout(120, 0);
-      auto res = client.Post("/v1/completions",
-                             greedy(randomPrompt(40, 1100 + static_cast<uint32_t>(i)), 300).dump(),
-                             "application/json");
-      if (res) answers[i] = {res->status, res->body, res->get_header_value("Retry-After")};
-    });
-  }
-  for (auto& client : clients) client.join();
-  int refused = 0;
-  for (const auto& [status, body, retry_after] : answers) {
-    if (status == 200) continue;
-    ++refused;
-    EXPECT_EQ(status, 503) << body;
-    const json error = json::parse(body, nullptr, false);
-    EXPECT_EQ(error["error"]["message"], "too many waiting requests (1); retry later") << body;
-    EXPECT_EQ(retry_after, "1");
-  }
-  EXPECT_GE(refused, 1) << "the decode agent's queue never filled: nothing was tested";
-  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), refused);
-  EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total", "agent=\"decode-0\""), 0);
-  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), refused);
+  return options;
 }
 
 // Fills the waiting queue of `agent` (started with --max-num-seqs 1 and
@@ -2213,20 +2182,40 @@ std::vector<std::thread> fillQueueOf(Agent& agent, uint32_t seed) {
   return clients;
 }
 
+// A decode agent whose waiting queue is full refuses a request with 503
+// "too many waiting requests": load, not a failure. With no other decode
+// agent to take it, the client gets that refusal (with Retry-After, to
+// retry), counted as rejected and not as the agent's error. Before, it got
+// "every decode agent failed this request", and the agent's error count
+// rose as if it were broken. (The router polls once here, and the queue
+// is filled by the agent's own clients: the router cannot see it full, so
+// the agent is the one to refuse.)
+TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
+  startCluster(oneSeatAndOnePlace(600));
+  Agent& decode = *decode_[0];
+  std::vector<std::thread> clients = fillQueueOf(decode, 1100);
+  const bool full = eventually([&] { return decode.metric("tandem_num_requests_waiting") == 1; });
+  auto res = client_->Post("/v1/completions", greedy(randomPrompt(40, 1102), 8).dump(),
+                           "application/json");
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(full) << "the decode agent's queue never filled: nothing was tested";
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503) << res->body;
+  const json error = json::parse(res->body, nullptr, false);
+  EXPECT_EQ(error["error"]["message"], "too many waiting requests (1); retry later") << res->body;
+  EXPECT_EQ(res->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), 1);
+  EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total", "agent=\"decode-0\""), 0);
+  EXPECT_EQ(decode.metric("tandem_requests_total", "finish_reason=\"rejected\""), 1);
+}
+
 // A decode agent whose waiting queue the router saw full at its last poll
 // would refuse a request once a prefill agent had computed its prompt: the
 // router refuses it first (503, Retry-After), and the prefill agent
 // computes nothing for it. Once the queue has room again, requests are
 // served. Before, each was prefilled, then refused by the decode agent.
 TEST_F(RouterTest, ARequestForAFullDecodeQueueIsRefusedBeforeItsPrefill) {
-  RouterClusterOptions options;
-  options.model = smallModelDir();
-  options.policy = Policy::kRoundRobin;
-  options.agent_args = [](bool prefill, int) {
-    return prefill ? std::vector<std::string>{}
-                   : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
-  };
-  startCluster(options);
+  startCluster(oneSeatAndOnePlace());
   std::vector<std::thread> clients = fillQueueOf(*decode_[0], 1150);
   Agent& decode = *decode_[0];
   // The router has polled the full queue (it counts running + waiting).
@@ -2257,6 +2246,51 @@ TEST_F(RouterTest, ARequestForAFullDecodeQueueIsRefusedBeforeItsPrefill) {
   const Answer served = post(greedy(randomPrompt(40, 1161), 8));
   EXPECT_EQ(served.status, 200) << served.body.dump();
   EXPECT_EQ(served.decision, "disaggregated");
+}
+
+// Between two polls the router counts the requests it sent a decode agent
+// against that agent's seats and queue (tandem.max_num_seqs and
+// max_waiting_requests in its /v1/models): once they are all taken, the
+// next request is refused before its prefill, as at a poll that saw the
+// queue full. (The router polls once here: only its own count can tell.)
+// Before, the request was prefilled, then refused by the decode agent.
+TEST_F(RouterTest, TheRequestsTheRouterSentFillADecodeQueueBetweenPolls) {
+  startCluster(oneSeatAndOnePlace(600));
+  // One runs, one waits: 1,000 tokens each, seconds however loaded. The
+  // router holds both on decode-0 (reserved at its decision, before the
+  // prefill).
+  std::vector<std::thread> clients;
+  std::vector<int> statuses(2, 0);
+  bool sent = true;
+  for (uint32_t i = 0; i < 2 && sent; ++i) {
+    clients.emplace_back([port = router_->port(), i, &statuses] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(300, 0);
+      auto res = client.Post("/v1/completions", greedy(randomPrompt(40, 1190 + i), 1000).dump(),
+                             "application/json");
+      statuses[i] = res ? res->status : -1;
+    });
+    // The first runs on decode-0 before the second comes (one whose KV is
+    // still loading waits, and would take the one place).
+    sent = eventually([&] {
+      return routerMetric("tandem_router_reserved_requests", "agent=\"decode-0\"") == i + 1 &&
+             decode_[0]->metric("tandem_num_requests_running") == 1;
+    });
+  }
+  const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
+  const Answer refused = post(greedy(randomPrompt(40, 1192), 8));
+  const double computed_after = prefill_[0]->metric("tandem_computed_tokens_total");
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(sent) << "the router never held both requests on decode-0: " << statuses[0] << " "
+                    << statuses[1] << "\n"
+                    << routerMetrics();
+  EXPECT_EQ(statuses, (std::vector<int>{200, 200}));
+  EXPECT_EQ(refused.status, 503) << refused.body.dump();
+  EXPECT_EQ(refused.body["error"]["message"],
+            "every decode agent's waiting queue is full (--max-waiting-requests); retry later");
+  EXPECT_EQ(computed_after, computed);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
 // With another decode agent's queue open, one whose queue was full at the
@@ -2356,6 +2390,7 @@ TEST_F(RouterTest, ARequestWithoutMaxTokensHasOneBoundWhicheverDecodeAgentServes
     const json tandem = json::parse(models->body)["data"][0]["tandem"];
     EXPECT_EQ(tandem["kv_cache_tokens"], 24 * 16) << tandem.dump();
     EXPECT_FALSE(tandem.contains("max_waiting_requests")) << tandem.dump();
+    EXPECT_FALSE(tandem.contains("max_num_seqs")) << tandem.dump();
   }
 }
 
