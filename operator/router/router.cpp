@@ -298,9 +298,10 @@ class Router::Impl {
   // smallest healthy decode agent's (the bound the router checks a prompt
   // plus max_tokens against, and gives a request without max_tokens), and
   // no tandem.max_waiting_requests nor max_num_seqs (one agent's bounds:
-  // the router's own are --max-inflight-requests, --max-queued-requests). So a client of the router
-  // sees every model it accepts, each as it will be served, whichever agent answered; an answer it
-  // cannot read goes as it is.
+  // the router's own are --max-inflight-requests, --max-queued-requests).
+  // So a client of the router sees every model it accepts, each as it
+  // will be served, whichever agent answered; an answer it cannot read
+  // goes as it is.
   std::string asTheRouterServes(std::string answer) {
     nlohmann::json models = parseJsonOrDiscarded(answer);
     if (!models.is_object() || !models.contains("data") || !models["data"].is_array() ||
