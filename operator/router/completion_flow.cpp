@@ -37,6 +37,10 @@ constexpr std::chrono::seconds kExpectedBlocksTtl{30};
 // unhealthy decode agent not yet asked to hand it over, and at a break
 // with no agent fit.
 constexpr std::chrono::milliseconds kRecheckInterval{100};
+// How often a request every decode agent's full queue would refuse looks
+// for a place (a request the router sent ending, a poll finding room)
+// while it waits (RouterConfig::full_queues_wait_s).
+constexpr std::chrono::milliseconds kQueueRecheckInterval{20};
 
 // The most of a decode agent's refusal read to tell a drain's from others.
 constexpr size_t kMaxRefusalBytes = 16384;
@@ -344,6 +348,7 @@ CompletionFlow::CompletionFlow(const RouterConfig& config, AgentTracker& agents,
     : upstream_timeout_s_(config.upstream_timeout_s),
       max_migrations_(config.max_migrations),
       migration_timeout_s_(config.migration_timeout_s),
+      full_queues_wait_s_(config.full_queues_wait_s),
       kv_secret_(config.kv_secret),
       agents_(agents),
       model_(model),
@@ -538,6 +543,26 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     LoadLedger::fillView(*agent, v);
     return v;
   };
+  // Every healthy decode agent's queue full: the request waits for a place
+  // (full_queues_wait_s), its router slot held; then it is decided (and
+  // refused, if they are still full).
+  auto everyDecodeQueueFull = [&] {
+    auto lock = ledger_.lock();
+    std::vector<AgentView> views;
+    for (const AgentPtr& agent : decode_agents) views.push_back(view(agent));
+    return passOverFullQueues(views, decode_agents);
+  };
+  for (const auto wait_start = Clock::now(); everyDecodeQueueFull() &&
+                                             secondsSince(wait_start) < full_queues_wait_s_ &&
+                                             !exchange.clientGone() && !stopping_;) {
+    asio::steady_timer timer(co_await asio::this_coro::executor, kQueueRecheckInterval);
+    boost::system::error_code ignored;
+    co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+  }
+  if (exchange.clientGone()) {
+    metrics_.countClientAbort("queued");
+    co_return;
+  }
   // Each agent's model identity: one request's agents must share it (a
   // decode agent refuses KV computed by another model; a stream resumed on
   // another model would change its answer), as they may not during a

@@ -164,7 +164,8 @@ class CompletionFlow {
   const double upstream_timeout_s_;
   const int64_t max_migrations_;
   const double migration_timeout_s_;
-  const std::string kv_secret_;  // signs pull-back holds; empty: unsigned
+  const double full_queues_wait_s_;  // RouterConfig::full_queues_wait_s
+  const std::string kv_secret_;      // signs pull-back holds; empty: unsigned
   AgentTracker& agents_;
   ServedModel& model_;
   AdmissionGate& gate_;

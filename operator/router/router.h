@@ -97,6 +97,10 @@ struct RouterConfig {
   // gets an error event.
   int64_t max_migrations = 3;
   double migration_timeout_s = 60;
+  // A request every decode agent's full waiting queue would refuse waits
+  // this long for a place before its 503: about the Retry-After its
+  // client would otherwise wait, and served sooner.
+  double full_queues_wait_s = 1;
   int threads = 2;         // io threads: sockets, agent calls, event streams
   int worker_threads = 4;  // parsing, tokenizing and rendering requests
   // Per-connection limits, the agents' type and defaults

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -2277,6 +2278,9 @@ TEST_F(RouterTest, TheRequestsTheRouterSentFillADecodeQueueBetweenPolls) {
              decode_[0]->metric("tandem_num_requests_running") == 1;
     });
   }
+  // The second prefilled and waiting there (what the prefill agent computes
+  // from here is the third's).
+  sent = sent && eventually([&] { return decode_[0]->metric("tandem_num_requests_waiting") == 1; });
   const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
   const Answer refused = post(greedy(randomPrompt(40, 1192), 8));
   const double computed_after = prefill_[0]->metric("tandem_computed_tokens_total");
@@ -2291,6 +2295,57 @@ TEST_F(RouterTest, TheRequestsTheRouterSentFillADecodeQueueBetweenPolls) {
   EXPECT_EQ(computed_after, computed);
   EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
   EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
+}
+
+// A request that finds every decode agent's queue full waits for a place,
+// its router slot held (RouterConfig::full_queues_wait_s; 1 s by default,
+// 60 here): when a request the router sent there ends (its client leaves),
+// it is served, where it was refused at once.
+TEST_F(RouterTest, ARequestWaitsForAPlaceInAFullDecodeQueue) {
+  RouterClusterOptions options = oneSeatAndOnePlace(600);
+  options.full_queues_wait_s = 60;
+  startCluster(options);
+  // The seat: a stream whose client leaves when told; the place: a long
+  // whole answer.
+  std::atomic<bool> leave{false};
+  std::thread leaving([port = router_->port(), &leave] {
+    json body = greedy(randomPrompt(40, 1195), 1000);
+    body["stream"] = true;
+    httplib::Client client("127.0.0.1", port);
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.body = body.dump();
+    request.set_header("Content-Type", "application/json");
+    request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !leave; };
+    client.send(request);
+  });
+  const bool running =
+      eventually([&] { return decode_[0]->metric("tandem_num_requests_running") == 1; });
+  std::thread waiting_one([port = router_->port()] {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(300, 0);
+    client.Post("/v1/completions", greedy(randomPrompt(40, 1196), 1000).dump(), "application/json");
+  });
+  const bool full =
+      running && eventually([&] {
+        return routerMetric("tandem_router_reserved_requests", "agent=\"decode-0\"") == 2;
+      });
+  std::future<Answer> third =
+      std::async(std::launch::async, [&] { return post(greedy(randomPrompt(40, 1197), 8)); });
+  // It holds its router slot, and nothing was prefilled for it.
+  const bool held =
+      full && eventually([&] { return routerMetric("tandem_router_inflight_requests") == 3; });
+  const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
+  leave = true;
+  const Answer served = third.get();
+  leaving.join();
+  waiting_one.join();
+  ASSERT_TRUE(held) << "the third request never waited with both places taken: nothing was tested";
+  EXPECT_EQ(served.status, 200) << served.body.dump();
+  EXPECT_GT(prefill_[0]->metric("tandem_computed_tokens_total"), computed);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), 0);
 }
 
 // With another decode agent's queue open, one whose queue was full at the

@@ -38,6 +38,8 @@ struct RouterClusterOptions {
   int64_t max_migrations = -1;
   // The router's RouterConfig::migration_timeout_s (0: its default).
   double migration_timeout_s = 0;
+  // The router's RouterConfig::full_queues_wait_s (negative: its default).
+  double full_queues_wait_s = -1;
   // The router's RouterConfig::poll_interval_s.
   double poll_interval_s = 0.1;
   int client_read_timeout_s = 60;
@@ -76,6 +78,7 @@ class RouterCluster : public ::testing::Test {
     if (options.upstream_timeout_s > 0) config.upstream_timeout_s = options.upstream_timeout_s;
     if (options.max_migrations >= 0) config.max_migrations = options.max_migrations;
     if (options.migration_timeout_s > 0) config.migration_timeout_s = options.migration_timeout_s;
+    if (options.full_queues_wait_s >= 0) config.full_queues_wait_s = options.full_queues_wait_s;
     config.profile = options.profile;
     config.api_key = options.api_key;
     config.api_key_exempt = {"/health", "/metrics"};
