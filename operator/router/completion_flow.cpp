@@ -1053,10 +1053,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
       }
     } else if (!migrating) {
       next = nextFit(attempt + 1);
-      if (next >= decode_order.size() && outcome == DecodeOutcome::kRefusedDraining) {
+      if (next >= decode_order.size() &&
+          (outcome == DecodeOutcome::kRefusedDraining || client.cut_whole != nullptr)) {
         // Every decode agent drains (a pool replaced at once, a lone
-        // agent's drain): the request waits for the agents that replace
-        // them, as a handed-over stream does, within --migration-timeout.
+        // agent's drain), or the one that cut this whole answer was the
+        // last: the request waits for the agents that replace them, as a
+        // broken or handed-over stream does, within --migration-timeout.
         if (!first_break) first_break = Clock::now();
         next = co_await waitForFit(attempt + 1, /*move_counted=*/true);
         if (client.stop->fired) {

@@ -168,6 +168,19 @@ class RouterTest : public RouterCluster {
     }
     return replacement;
   }
+  // Sends `body` (a whole answer) to the router from `client`, a thread of
+  // its own (joined by the caller; status and body land in `answer`), and
+  // waits until the lone decode agent runs it: whether it did.
+  bool postWholeUntilRunning(const json& body, std::pair<int, json>& answer, std::thread& client) {
+    client = std::thread([port = router_->port(), text = body.dump(), &answer] {
+      httplib::Client http("127.0.0.1", port);
+      http.set_read_timeout(120, 0);
+      auto res = http.Post("/v1/completions", text, "application/json");
+      if (res) answer = {res->status, json::parse(res->body, nullptr, false)};
+    });
+    return eventually([&] { return decode_[0]->metric("tandem_num_requests_running") >= 1; },
+                      std::chrono::seconds(20));
+  }
   Answer post(const json& body, const std::string& path = "/v1/completions") {
     Answer answer;
     auto res = client_->Post(path.c_str(), body.dump(), "application/json");
@@ -2087,15 +2100,9 @@ TEST_F(RouterTest, AWholeAnswerCutWithNoAgentToSendItAgainIsCountedExhausted) {
   json body = streamBodies(1, 1015, 700)[0];
   body.erase("stream");
   std::pair<int, json> answer;
-  std::thread client([&] {
-    httplib::Client http("127.0.0.1", router_->port());
-    http.set_read_timeout(120, 0);
-    auto res = http.Post("/v1/completions", body.dump(), "application/json");
-    if (res) answer = {res->status, json::parse(res->body, nullptr, false)};
-  });
+  std::thread client;
+  const bool busy = postWholeUntilRunning(body, answer, client);
   Agent& lone = *decode_[0];
-  const bool busy = eventually([&] { return lone.metric("tandem_num_requests_running") >= 1; },
-                               std::chrono::seconds(20));
   auto drained = lone.client()->Post("/admin/drain", "{}", "application/json");
   client.join();
   ASSERT_TRUE(busy) << "the decode agent never ran the request";
@@ -2109,6 +2116,38 @@ TEST_F(RouterTest, AWholeAnswerCutWithNoAgentToSendItAgainIsCountedExhausted) {
       routerMetric("tandem_router_migrations_total", "outcome=\"exhausted\",reason=\"error\""), 1);
   EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"error\""),
             0);
+}
+
+// A whole answer cut by its lone decode agent's crash waits, within
+// --migration-timeout, for an agent to send it again to: the agent
+// restarted in place (a supervisor's restart) takes it from its start, and
+// the client gets the undisturbed answer. Before, it got 503 at once, its
+// message saying no agent took it within --migration-timeout.
+TEST_F(RouterTest, AWholeAnswerCutByACrashWaitsForTheAgentsRestart) {
+  startWithAShortShutdownTimeout();
+  json body = streamBodies(1, 1022, 700)[0];
+  body.erase("stream");
+  std::vector<int> undisturbed;
+  {
+    Agent colocated({}, smallModelDir());
+    undisturbed = tokenIds(colocated.post("/v1/completions", body));
+  }
+  std::pair<int, json> answer;
+  std::thread client;
+  const bool busy = postWholeUntilRunning(body, answer, client);
+  Agent& lone = *decode_[0];
+  ::kill(lone.process().pid(), SIGKILL);
+  lone.process().wait(std::chrono::seconds(30));
+  std::vector<std::string> args = roleArgs("decode");
+  args.insert(args.end(), {"--port", std::to_string(lone.port())});
+  Agent restarted(args, smallModelDir());
+  client.join();
+  ASSERT_TRUE(busy) << "the decode agent never ran the request";
+  ASSERT_EQ(answer.first, 200) << answer.second.dump();
+  EXPECT_EQ(tokenIds(answer.second), undisturbed);
+  EXPECT_EQ(routerMetric("tandem_router_migrations_total", "outcome=\"resent\",reason=\"failure\""),
+            1);
+  EXPECT_EQ(restarted.metric("tandem_requests_total", "finish_reason=\"length\""), 1);
 }
 
 // The same when the lone decode agent is restarted in place (its name and
