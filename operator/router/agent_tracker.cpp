@@ -28,14 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-awaitable<void> sleepFor(double seconds) {
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  timer.expires_after(
-      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
-  boost::system::error_code ec;
-  co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
-}
-
 // A request count from an agent's /metrics. Absent, not a number or
 // negative reads as 0; a huge one (+Inf included) is capped at 10^12, so that
 // the count converts to an integer and sums of counts cannot overflow.

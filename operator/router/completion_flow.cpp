@@ -555,9 +555,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   for (const auto wait_start = Clock::now(); everyDecodeQueueFull() &&
                                              secondsSince(wait_start) < full_queues_wait_s_ &&
                                              !exchange.clientGone() && !stopping_;) {
-    asio::steady_timer timer(co_await asio::this_coro::executor, kQueueRecheckInterval);
-    boost::system::error_code ignored;
-    co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+    co_await sleepFor(std::chrono::duration<double>(kQueueRecheckInterval).count());
   }
   if (exchange.clientGone()) {
     metrics_.countClientAbort("queued");
@@ -800,9 +798,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     while (next >= decode_order.size() &&
            (move_counted || splice->continuations() < max_migrations_) && !exchange.clientGone() &&
            !client.stop->fired && secondsSince(*first_break) <= migration_timeout_s_) {
-      asio::steady_timer timer(co_await asio::this_coro::executor, kRecheckInterval);
-      boost::system::error_code ignored;
-      co_await timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+      co_await sleepFor(std::chrono::duration<double>(kRecheckInterval).count());
       next = nextFit(from);
     }
     co_return next;

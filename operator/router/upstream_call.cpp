@@ -100,4 +100,12 @@ awaitable<UpstreamResult> callAgent(AgentEndpoint endpoint, http::verb verb, std
   co_return result;
 }
 
+awaitable<void> sleepFor(double seconds) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  timer.expires_after(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+}
+
 }  // namespace tandem::router

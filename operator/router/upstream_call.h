@@ -80,6 +80,10 @@ enum class OnClientLeaving {
 // second to one agent, connecting would fail).
 void closeAfterAgent(boost::beast::tcp_stream&& stream);
 
+// Waits `seconds` on the calling coroutine's executor (a cancelled timer
+// ends the wait early, silently).
+boost::asio::awaitable<void> sleepFor(double seconds);
+
 // An HTTP call to an agent; not sent when `client` has already left. Runs
 // on `client`'s strand when one is given. While it is in flight, `cutter`
 // (when given) holds what ends it as kFinish does (the call then ends as
