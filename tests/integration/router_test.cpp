@@ -1371,13 +1371,15 @@ class CuttingProxy {
         const size_t end =
             marker == std::string::npos ? std::string::npos : answer.find("\n\n", marker);
         const size_t upto = end == std::string::npos ? answer.size() : end + 2;
+        // Said before the event goes through: the router may answer its
+        // client, and the test ask, as soon as it has read it.
+        if (end != std::string::npos) cut_ = true;
         // Everything before the cut goes through as it comes.
         if (!sendAll(client, std::string_view(answer).substr(forwarded, upto - forwarded))) {
           break;
         }
         forwarded = upto;
         if (end != std::string::npos) {
-          cut_ = true;
           resetAndClose(client);
           resetAndClose(upstream);
           return;
