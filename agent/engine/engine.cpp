@@ -568,8 +568,12 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   if (known_ids_.count(request.id) != 0) {
     return invalidArgument("request id " + request.id + " is already in use");
   }
+  // Every seat taken and the queue full: the request (its places) would
+  // wait beyond the bound. Held requests are counted, not free seats, so
+  // that one whose seat its KV cache, not max_num_seqs, withholds counts
+  // too, and a router can count what it sent the same way.
   if (!request.joins_admitted &&
-      waitingLocked() + request.admission_places > config_.max_waiting_requests) {
+      stats_.num_running + waitingLocked() + request.admission_places > maxRequestsHeld()) {
     return resourceExhausted("too many waiting requests (" +
                              std::to_string(config_.max_waiting_requests) + "); retry later");
   }

@@ -90,7 +90,9 @@ struct EngineConfig {
   // docs/speculative-decoding.md); off unless num_speculative_tokens > 0.
   SpeculativeConfig speculative;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
-  // Requests queued beyond this are refused (ResourceExhausted).
+  // Requests queued beyond the scheduler's max_num_seqs seats: a request
+  // that would make the engine hold more than seats + this (running,
+  // loading their KV, waiting) is refused (ResourceExhausted).
   int64_t max_waiting_requests = 1024;
   // Pull-back holds (holdPrefix): the most blocks one hold pins (a longer
   // cached prefix is lent up to this many leading blocks) and the most
@@ -320,6 +322,12 @@ class Engine {
   const kernels::Backend& backend() const { return *backend_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const EngineConfig& config() const { return config_; }
+  // The most engine requests it holds at once (running, loading their KV,
+  // waiting, in its inbox): max_num_seqs + max_waiting_requests. A request
+  // of more (n, best_of, several prompts) could never be admitted.
+  int64_t maxRequestsHeld() const {
+    return config_.scheduler.max_num_seqs + config_.max_waiting_requests;
+  }
   int64_t maxModelLen() const { return max_model_len_; }
   int64_t numBlocks() const { return cache_->numBlocks(); }
   KvEventLog& kvEvents() { return events_; }
@@ -532,8 +540,8 @@ class Engine {
   // drains it once more, then exits).
   bool inbox_closed_ = false;
   // Requests waiting to run, those not yet taken from the inbox too: what
-  // --max-waiting-requests bounds and tandem_num_requests_waiting shows.
-  // Under mutex_.
+  // tandem_num_requests_waiting shows (with the running ones, what
+  // --max-waiting-requests bounds). Under mutex_.
   int64_t waitingLocked() const { return std::ssize(inbox_) + stats_.num_waiting; }
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   // First choices admitted with later choices to come whose answers have

@@ -343,8 +343,24 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
         seen[c] = true;
         if (c % n == 0) {
           prompt_logprobs[g] = output->prompt_logprobs;
-          // The prompt is computed and cached: its other choices now.
-          for (size_t i = 1; i < n && !failed; ++i) add(g * n + i);
+          if (output->finish_reason == engine::FinishReason::kAbort) {
+            // Aborted before it began (a stop's deadline): its other choices
+            // end so too, as a request of one choice would, rather than be
+            // refused by an engine that takes no more.
+            for (size_t i = 1; i < n; ++i) {
+              engine::RequestOutput aborted;
+              aborted.request_id = ids[g * n + i];
+              aborted.finish_reason = engine::FinishReason::kAbort;
+              aborted.num_prompt_tokens = output->num_prompt_tokens;
+              seen[g * n + i] = true;
+              ++finished;
+              ++added;
+              pending.push_back(std::move(aborted));
+            }
+          } else {
+            // The prompt is computed and cached: its other choices now.
+            for (size_t i = 1; i < n && !failed; ++i) add(g * n + i);
+          }
           engine.joinsEnded(ids[g * n]);
         } else {
           output->prompt_logprobs = prompt_logprobs[g];
@@ -577,24 +593,16 @@ void HttpServer::routes() {
       if (!request.request.adapter.empty()) metrics_.observeLoraRequest(request.request.adapter);
 
       if (request.best_of > 1 || !request.batch.empty()) {
-        // Every candidate waits in the engine at once: more than its queue
-        // holds could never be admitted (a 503 would be retried in vain).
-        const int64_t candidates =
-            request.best_of * (1 + static_cast<int64_t>(request.batch.size()));
-        if (const int64_t most = engine_.config().max_waiting_requests; candidates > most) {
+        // Every candidate is held by the engine at once: more than it holds
+        // could never be admitted.
+        if (const int64_t most = engine_.maxRequestsHeld(); engineRequestsOf(request) > most) {
           metrics_.observeRejected("invalid");
-          // The field that made it so many (best_of is n unless given).
-          const char* field = !request.batch.empty()        ? "prompt"
-                              : request.best_of > request.n ? "best_of"
-                                                            : "n";
-          const std::string why = !request.batch.empty()      ? "prompts x best_of"
-                                  : std::string(field) == "n" ? "one per choice"
-                                                              : "one per best_of candidate";
-          co_await exchange.respond(errorResponse(invalidRequest(
-              "this request is " + std::to_string(candidates) + " engine requests (" + why +
-                  "), more than this agent's waiting queue holds (--max-waiting-requests " +
-                  std::to_string(most) + ")",
-              field)));
+          co_await exchange.respond(errorResponse(tooManyEngineRequests(
+              request, most,
+              "this agent (--max-num-seqs " +
+                  std::to_string(engine_.config().scheduler.max_num_seqs) +
+                  " + --max-waiting-requests " +
+                  std::to_string(engine_.config().max_waiting_requests) + ")")));
           co_return;
         }
         std::vector<ChoiceGroup> groups;

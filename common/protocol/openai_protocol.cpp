@@ -1310,6 +1310,25 @@ ApiError boundsError(const JsonParseError& error, const std::string& field) {
                         param);
 }
 
+int64_t engineRequestsOf(const ParsedRequest& request) {
+  return request.best_of * (1 + std::ssize(request.batch));
+}
+
+ApiError tooManyEngineRequests(const ParsedRequest& request, int64_t most,
+                               std::string_view holder) {
+  // The field that made it so many (best_of is n unless given).
+  const std::string field = !request.batch.empty()        ? "prompt"
+                            : request.best_of > request.n ? "best_of"
+                                                          : "n";
+  const char* why = !request.batch.empty() ? "prompts x best_of"
+                    : field == "n"         ? "one per choice"
+                                           : "one per best_of candidate";
+  return invalidRequest("this request is " + std::to_string(engineRequestsOf(request)) +
+                            " engine requests (" + why + "), more than " + std::string(holder) +
+                            " holds at once (" + std::to_string(most) + ")",
+                        field);
+}
+
 ApiError invalidRequest(std::string message, std::string param) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
 }

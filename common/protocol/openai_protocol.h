@@ -245,6 +245,16 @@ Result<ParsedRequest> parseChatCompletionRequest(std::string_view body, const Se
                                                  const Tokenizer& tokenizer,
                                                  const std::atomic<bool>* cancel = nullptr);
 
+// The engine requests a request becomes, all held by its agent at once:
+// best_of (n unless given) per prompt.
+int64_t engineRequestsOf(const ParsedRequest& request);
+// The 400 for a request of more engine requests than `most` (an agent
+// holds at most --max-num-seqs + --max-waiting-requests at once; a 503
+// would be retried in vain), naming the field that made it so many;
+// `holder` says whose bound it is ("this agent (--max-num-seqs 2 +
+// --max-waiting-requests 1)").
+ApiError tooManyEngineRequests(const ParsedRequest& request, int64_t most, std::string_view holder);
+
 // ---------------------------------------------------------------------------
 // Responses
 

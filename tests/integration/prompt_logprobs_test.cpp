@@ -338,11 +338,11 @@ TEST(BatchedPrompts, EachPromptIsAnsweredAsAloneIndexedByPromptThenChoice) {
   }
 }
 
-// Every candidate of a batch waits in the engine at once: a batch of more
-// than the agent's waiting queue holds is a 400 naming the limit (a 503
-// would be retried in vain), one that fits is served.
-TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
-  Agent agent({"--max-waiting-requests", "4"});
+// Every candidate of a batch is held by the engine at once: a batch of
+// more than the agent holds (its seats and waiting queue) is a 400 naming
+// the limit (a 503 would be retried in vain), one that fits is served.
+TEST(BatchedPrompts, MoreCandidatesThanTheAgentHoldsIsA400) {
+  Agent agent({"--max-num-seqs", "3", "--max-waiting-requests", "1"});
   json body = greedy({1}, 3);
   body["prompt"] = {randomPrompt(10, 61), randomPrompt(10, 62), randomPrompt(10, 63)};
   body["n"] = 2;
@@ -351,8 +351,8 @@ TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
   EXPECT_EQ(status, 400) << refused.dump();
   EXPECT_EQ(refused["error"]["param"], "prompt");
   EXPECT_EQ(refused["error"]["message"],
-            "this request is 6 engine requests (prompts x best_of), more than this agent's "
-            "waiting queue holds (--max-waiting-requests 4)");
+            "this request is 6 engine requests (prompts x best_of), more than this agent "
+            "(--max-num-seqs 3 + --max-waiting-requests 1) holds at once (4)");
   // One prompt: the field that makes it so many is named, best_of only
   // when given above n.
   json one = greedy(randomPrompt(10, 64), 3);
@@ -361,8 +361,8 @@ TEST(BatchedPrompts, MoreCandidatesThanTheWaitingQueueHoldsIsA400) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(by_n["error"]["param"], "n");
   EXPECT_EQ(by_n["error"]["message"],
-            "this request is 5 engine requests (one per choice), more than this agent's waiting "
-            "queue holds (--max-waiting-requests 4)");
+            "this request is 5 engine requests (one per choice), more than this agent "
+            "(--max-num-seqs 3 + --max-waiting-requests 1) holds at once (4)");
   one["n"] = 1;
   one["best_of"] = 5;
   EXPECT_EQ(agent.post("/v1/completions", one, &status)["error"]["param"], "best_of");

@@ -494,6 +494,69 @@ TEST(SimulatedAgent, TheWaitingBoundCountsRequestsAcceptedDuringAStep) {
   EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"rejected\""), 2);
 }
 
+// An agent holds --max-num-seqs + --max-waiting-requests requests at once:
+// one arriving while a seat is free is not refused for the queue's bound,
+// though it waits in the inbox until the step under way ends. Before, it
+// was counted waiting, and a burst was refused with seats free.
+TEST(SimulatedAgent, AnAgentHoldsItsSeatsAndItsWaitingQueue) {
+  Agent agent({"--simulate", profileFile("slow-prefill.yaml", kSlowPrefillProfile).string(),
+               "--max-num-seqs", "2", "--max-waiting-requests", "1"});
+  std::vector<std::future<int>> served;
+  auto send = [&](uint32_t seed, int tokens) {
+    served.push_back(std::async(std::launch::async, [&agent, seed, tokens] {
+      int status = 0;
+      agent.post("/v1/completions", greedy(randomPrompt(tokens, seed), 1), &status);
+      return status;
+    }));
+  };
+  send(70, 400);  // a 4-second prefill step
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
+  send(71, 20);  // the free seat's, in the inbox while the step runs
+  send(72, 20);  // the place's
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_waiting") == 2; }));
+  int status = 0;
+  const json out = agent.post("/v1/completions", greedy(randomPrompt(8, 73), 1), &status);
+  EXPECT_EQ(status, 503) << out.dump();
+  EXPECT_EQ(out["error"]["message"], "too many waiting requests (1); retry later");
+  for (auto& each : served) EXPECT_EQ(each.get(), 200);
+  EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"rejected\""), 1);
+}
+
+// At a stop's deadline a request that never began ends as one of a single
+// choice does, whatever its n: 200, every choice "abort" with no tokens.
+// Before, its first choice's abort made the answer add the other choices
+// to an engine that took no more, and the client got 503 "the engine is
+// shutting down" where a request of one choice got its 200.
+TEST(SimulatedAgent, AtTheStopsDeadlineEveryChoiceOfARequestNotBegunEndsAborted) {
+  Agent agent({"--simulate", profileFile("slow-prefill.yaml", kSlowPrefillProfile).string(),
+               "--max-num-seqs", "1", "--shutdown-timeout", "1"});
+  auto send = [&](json body) {
+    return std::async(std::launch::async, [&agent, body] {
+      int status = 0;
+      json out = agent.post("/v1/completions", body, &status);
+      return std::pair{status, out};
+    });
+  };
+  auto begun = send(greedy(randomPrompt(400, 80), 1));  // a 4-second prefill step
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
+  auto one = send(greedy(randomPrompt(8, 81), 2));
+  json body = greedy(randomPrompt(8, 82), 2);
+  body["n"] = 2;
+  auto two = send(body);
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_waiting") == 2; }));
+  ::kill(agent.process().pid(), SIGTERM);
+  for (const auto& [answer, choices] : {std::pair{&one, size_t{1}}, std::pair{&two, size_t{2}}}) {
+    const auto [status, out] = answer->get();
+    EXPECT_EQ(status, 200) << out.dump();
+    ASSERT_EQ(out["choices"].size(), choices) << out.dump();
+    for (const json& choice : out["choices"]) {
+      EXPECT_EQ(choice["finish_reason"], "abort") << out.dump();
+      EXPECT_EQ(choice.value("token_ids", json::array()), json::array()) << out.dump();
+    }
+  }
+  begun.get();
+}
+
 // The hand-off between simulated agents over each UCX transport.
 class SimulatedHandOff : public UcxTransportTest {};
 
