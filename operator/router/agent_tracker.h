@@ -63,17 +63,26 @@ struct AgentState {
   // The sequences it computes at once (/v1/models tandem.max_num_seqs); 0:
   // not known.
   std::atomic<int64_t> max_num_seqs{0};
-  // Whether it would refuse a request sent now ("too many waiting
-  // requests"): its waiting queue was full at the last poll, or the
-  // requests the router has reserved on it since, with the load others
-  // gave it at that poll (`view`'s), fill every seat and every place in
-  // its queue (a queue filling between two polls).
-  bool queueFull(const AgentView& view) const {
-    const int64_t most = max_waiting_requests;
-    if (most <= 0) return false;
-    if (waiting >= most) return true;
+  // The most engine requests it holds at once (running, loading their KV,
+  // waiting): max_num_seqs + max_waiting_requests, as the agent bounds
+  // them; 0: not known.
+  int64_t maxRequestsHeld() const {
     const int64_t seats = max_num_seqs;
-    return seats > 0 && view.external_requests + view.reserved_requests >= seats + most;
+    const int64_t most = max_waiting_requests;
+    return seats > 0 && most > 0 ? seats + most : 0;
+  }
+  // Whether it would refuse a request of `places` engine requests (n,
+  // best_of, several prompts) sent now ("too many waiting requests"): the
+  // load others gave it at the last poll (`view`'s), with the requests the
+  // router has reserved on it since, leaves too few of the requests it
+  // holds. An agent that does not give its seats: its waiting queue as
+  // last polled.
+  bool queueFull(const AgentView& view, int64_t places) const {
+    if (const int64_t held = maxRequestsHeld(); held > 0) {
+      return view.external_requests + view.reserved_requests + places > held;
+    }
+    const int64_t most = max_waiting_requests;
+    return most > 0 && waiting + places > most;
   }
   // Of the polled running + waiting, those the router's ledger did not hold
   // while the poll was under way: load another router or client sent.

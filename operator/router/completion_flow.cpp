@@ -155,27 +155,43 @@ server::Result<server::ParsedRequest> parseRequest(const std::string& body, bool
               : server::parseCompletionRequest(body, limits, *model.tokenizer);
 }
 
-// A decode agent whose waiting queue is full (AgentState::queueFull: at
-// its last poll, or by the requests the router sent it since) would refuse
-// a request sent now, once a prefill agent had computed its prompt: while
-// another healthy one's is not, those are passed over (their views made
-// unhealthy for this decision). Returns whether every healthy one's was
-// full (none passed over then: the request is refused before its prefill).
-// A queue others fill between two polls still refuses after the prefill.
-bool passOverFullQueues(std::vector<AgentView>& views, const std::vector<AgentPtr>& agents) {
+// A decode agent whose waiting queue is full (AgentState::queueFull: by
+// the load it had at its last poll and the requests the router sent it
+// since) would refuse a request of `places` engine requests sent now,
+// once a prefill agent had computed its prompt: while another healthy
+// one's is not, those are passed over (their views made unhealthy for
+// this decision). Returns whether every healthy one's was full (none
+// passed over then: the request is refused before its prefill). A queue
+// others fill between two polls still refuses after the prefill.
+bool passOverFullQueues(std::vector<AgentView>& views, const std::vector<AgentPtr>& agents,
+                        int64_t places) {
   size_t open = 0;
   size_t full = 0;
   for (size_t i = 0; i < views.size(); ++i) {
     if (!views[i].healthy) continue;
-    ++(agents[i]->queueFull(views[i]) ? full : open);
+    ++(agents[i]->queueFull(views[i], places) ? full : open);
   }
   if (open == 0) return full > 0;
   for (size_t i = 0; i < views.size(); ++i) {
-    if (!views[i].healthy || !agents[i]->queueFull(views[i])) continue;
+    if (!views[i].healthy || !agents[i]->queueFull(views[i], places)) continue;
     views[i].healthy = false;
     views[i].leading_blocks = 0;
   }
   return false;
+}
+
+// The most engine requests any healthy decode agent holds at once
+// (AgentState::maxRequestsHeld); 0 while one's is not known or none is
+// healthy.
+int64_t mostHeldByADecodeAgent(const std::vector<AgentPtr>& agents) {
+  int64_t most = 0;
+  for (const AgentPtr& agent : agents) {
+    if (!agent->healthy) continue;
+    const int64_t held = agent->maxRequestsHeld();
+    if (held == 0) return 0;
+    most = std::max(most, held);
+  }
+  return most;
 }
 
 // Without max_tokens an agent generates up to what max_model_len, or its
@@ -306,10 +322,11 @@ LedgerCounts prefillCounts(const DecisionInput& input, const AgentView& prefill)
   return {1, uncachedTokens(input, prefill), 0};
 }
 
-// What a request reserves on its decode agent: itself, its projected KV
+// What a request reserves on its decode agent: its engine requests, its projected KV
 // and, prefilled there, the prompt tokens the agent does not hold.
 LedgerCounts decodeCounts(const DecisionInput& input, const AgentView& decode, bool local) {
-  return {1, local ? uncachedTokens(input, decode) : 0, input.num_prompt_tokens + input.max_tokens};
+  return {input.engine_requests, local ? uncachedTokens(input, decode) : 0,
+          input.num_prompt_tokens + input.max_tokens};
 }
 
 const char* targetOf(const Body& body) {
@@ -363,6 +380,12 @@ enum class Admission { kAdmitted, kRefused, kClientGone };
 // What a request cut at the router's stop deadline is told.
 constexpr const char* kCutAtStop =
     "the router is stopping: this request was still in flight at its shutdown deadline; retry it";
+
+// What a request that was waiting (for a router slot, for room in a
+// decode agent's queue) when the router began to stop is told: no agent
+// has seen it.
+constexpr const char* kRefusedAtStop =
+    "the router is stopping and sent this request to no agent; retry it";
 
 // Enrolls a request for cutAll() while it lives. Create and destroy it on
 // the request's strand, where cutAll() fires its cut.
@@ -461,7 +484,8 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   }
   if (admission == Admission::kRefused) {
     metrics_.countDecision("rejected");
-    co_await exchange.respond(unavailable("the router is overloaded; retry later"));
+    co_await exchange.respond(
+        unavailable(stopping_ ? kRefusedAtStop : "the router is overloaded; retry later"));
     co_return;
   }
   SlotLease slot(gate_);
@@ -520,6 +544,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   DecisionInput input;
   input.num_prompt_tokens = static_cast<int64_t>(request.prompt.size());
   input.max_tokens = request.sampling.max_tokens;
+  input.engine_requests = server::engineRequestsOf(parsed.value());
   if (!parsed.value().batch.empty()) {
     // A batch: every prompt's tokens, every candidate's output budget.
     input.max_tokens *= parsed.value().best_of;
@@ -543,6 +568,17 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     LoadLedger::fillView(*agent, v);
     return v;
   };
+  // More engine requests than any decode agent holds: each would refuse it
+  // with a 400 after its prefill, and a 503 would be retried in vain.
+  if (const int64_t most = mostHeldByADecodeAgent(decode_agents);
+      most > 0 && input.engine_requests > most) {
+    metrics_.countDecision("invalid");
+    const server::ApiError error = server::tooManyEngineRequests(
+        parsed.value(), most, "any decode agent (--max-num-seqs + --max-waiting-requests)");
+    co_await exchange.respond(
+        server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
+    co_return;
+  }
   // Every healthy decode agent's queue full: the request waits for a place
   // (full_queues_wait_s), its router slot held; then it is decided (and
   // refused, if they are still full).
@@ -550,7 +586,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     auto lock = ledger_.lock();
     std::vector<AgentView> views;
     for (const AgentPtr& agent : decode_agents) views.push_back(view(agent));
-    return passOverFullQueues(views, decode_agents);
+    return passOverFullQueues(views, decode_agents, input.engine_requests);
   };
   for (const auto wait_start = Clock::now(); everyDecodeQueueFull() &&
                                              secondsSince(wait_start) < full_queues_wait_s_ &&
@@ -580,7 +616,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     auto lock = ledger_.lock();
     for (const AgentPtr& agent : prefill_agents) input.prefill.push_back(view(agent));
     for (const AgentPtr& agent : decode_agents) input.decode.push_back(view(agent));
-    decode_queues_full = passOverFullQueues(input.decode, decode_agents);
+    decode_queues_full = passOverFullQueues(input.decode, decode_agents, input.engine_requests);
     if (!decode_queues_full) decision = chooser_.choose(input);
     if (decision.decode) {
       // The agents of another model than the chosen decode agent's are out
@@ -658,9 +694,12 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   if (!decision.decode && decode_queues_full) {
     // Load, as an agent's own refusal: the client retries later.
     metrics_.countDecision("rejected");
-    // (unavailable() gives it its Retry-After.)
+    // (unavailable() gives it its Retry-After.) Its wait for room ended by
+    // the router's stop: it is told so.
     co_await exchange.respond(unavailable(
-        "every decode agent's waiting queue is full (--max-waiting-requests); retry later"));
+        stopping_ ? kRefusedAtStop
+                  : "every decode agent's waiting queue is full (--max-waiting-requests); retry "
+                    "later"));
     co_return;
   }
   if (!decision.decode) {

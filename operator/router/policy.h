@@ -49,6 +49,9 @@ struct AgentView {
 struct DecisionInput {
   int64_t num_prompt_tokens = 0;
   int64_t max_tokens = 0;  // the request's output budget (projected KV)
+  // The engine requests it is on its decode agent (server::engineRequestsOf:
+  // n, best_of, several prompts), each a seat or a place in its queue.
+  int64_t engine_requests = 1;
   int32_t block_size = 16;
   std::vector<AgentView> prefill;
   std::vector<AgentView> decode;

@@ -2420,6 +2420,80 @@ TEST_F(RouterTest, ADecodeAgentWithAFullQueueIsPassedOverForOneWithRoom) {
   EXPECT_EQ(full.metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
 }
 
+// A request with n > 1 is n engine requests on its decode agent, each a
+// seat or a place in its queue: the router counts n of them. (The router
+// polls once here: only its own count can tell.) Before, it counted one,
+// and sent the next request to a decode agent that refused it once
+// prefilled.
+TEST_F(RouterTest, ARequestOfSeveralChoicesTakesASeatOrAPlacePerChoice) {
+  startCluster(oneSeatAndOnePlace(600));
+  // Two choices of 1,000 tokens each: seconds, however loaded.
+  json two = greedy(randomPrompt(40, 1200), 1000);
+  two["n"] = 2;
+  std::pair<int, json> answered;
+  std::thread client;
+  const bool held =
+      postWholeUntilRunning(two, answered, client) && eventually([&] {
+        return routerMetric("tandem_router_reserved_requests", "agent=\"decode-0\"") == 2;
+      });
+  const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
+  const Answer refused = post(greedy(randomPrompt(40, 1201), 8));
+  const double computed_after = prefill_[0]->metric("tandem_computed_tokens_total");
+  client.join();
+  ASSERT_TRUE(held) << "the router never held both choices on decode-0: nothing was tested\n"
+                    << routerMetrics();
+  EXPECT_EQ(answered.first, 200) << answered.second.dump();
+  EXPECT_EQ(answered.second["choices"].size(), 2u);
+  EXPECT_EQ(refused.status, 503) << refused.body.dump();
+  EXPECT_EQ(refused.body["error"]["message"],
+            "every decode agent's waiting queue is full (--max-waiting-requests); retry later");
+  EXPECT_EQ(computed_after, computed);
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"rejected\""), 0);
+  // Released with the answer: the next one is served.
+  EXPECT_TRUE(eventually(
+      [&] { return routerMetric("tandem_router_reserved_requests", "agent=\"decode-0\"") == 0; }));
+  EXPECT_EQ(post(greedy(randomPrompt(40, 1202), 8)).status, 200);
+}
+
+// A request of more engine requests (n, best_of, prompts) than a decode
+// agent holds at all (--max-num-seqs + --max-waiting-requests) goes to one
+// that holds them; one that none holds is a 400 from the router, naming
+// the field, with no agent asked. Before, it went where the policy sent it,
+// and that agent answered 400 while another could have served it.
+TEST_F(RouterTest, ARequestGoesToADecodeAgentThatHoldsAllItsChoices) {
+  RouterClusterOptions options;
+  options.model = smallModelDir();
+  options.decodes = 2;
+  options.policy = Policy::kRoundRobin;
+  options.agent_args = [](bool prefill, int index) {
+    if (prefill) return std::vector<std::string>{};
+    const std::string seats = index == 0 ? "1" : "2";
+    return std::vector<std::string>{"--max-num-seqs", seats, "--max-waiting-requests", seats};
+  };
+  startCluster(options);
+  for (uint32_t seed = 1210; seed < 1214; ++seed) {
+    json three = greedy(randomPrompt(20, seed), 4);
+    three["n"] = 3;
+    const Answer answer = post(three);
+    EXPECT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decode_agent, "decode-1");
+    EXPECT_EQ(answer.body["choices"].size(), 3u) << answer.body.dump();
+  }
+  json five = greedy(randomPrompt(20, 1215), 4);
+  five["n"] = 5;
+  const Answer refused = post(five);
+  EXPECT_EQ(refused.status, 400) << refused.body.dump();
+  EXPECT_EQ(refused.body["error"]["param"], "n");
+  EXPECT_EQ(refused.body["error"]["message"],
+            "this request is 5 engine requests (one per choice), more than any decode agent "
+            "(--max-num-seqs + --max-waiting-requests) holds at once (4)");
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"invalid\""), 1);
+  for (const auto& decode : decode_) {
+    EXPECT_EQ(decode->metric("tandem_requests_total", "finish_reason=\"invalid\""), 0);
+  }
+  EXPECT_EQ(decode_[0]->metric("tandem_requests_total", "finish_reason=\"length\""), 0);
+}
+
 // A request the decode agents' KV caches cannot hold (here 24 blocks of 16:
 // 384 tokens) is refused by the router in the agents' words, before a
 // prefill agent computes its prompt: the decode agent would have refused it
@@ -2710,6 +2784,59 @@ TEST_F(RouterTest, RequestsInFlightAtTheStopDeadlineEndWithAnError) {
     return decode_[0]->metric("tandem_requests_total", "finish_reason=\"abort\"") == 2 &&
            decode_[0]->metric("tandem_kv_cache_usage_ratio") == 0;
   }));
+}
+
+// Requests still waiting when the router begins to stop, for a router slot
+// or for room in a decode agent's queue, are answered at once and told
+// that no agent saw them (safe to retry). Before, the one queued for a
+// slot was told the router was overloaded, and the one waiting for room
+// that every decode agent's queue was full.
+TEST_F(RouterTest, RequestsWaitingAtTheRoutersStopAreToldNoAgentSawThem) {
+  RouterClusterOptions options = oneSeatAndOnePlace(600);
+  options.full_queues_wait_s = 60;
+  options.max_inflight = 3;
+  options.max_queued = 1;
+  startCluster(options);
+  std::vector<std::pair<int, json>> answers(4);
+  std::vector<std::thread> clients;
+  auto send = [&](size_t i, int tokens) {
+    clients.emplace_back([&answers, i, tokens, port = router_->port()] {
+      httplib::Client client("127.0.0.1", port);
+      client.set_read_timeout(120, 0);
+      auto res =
+          client.Post("/v1/completions",
+                      greedy(randomPrompt(40, 1220 + static_cast<uint32_t>(i)), tokens).dump(),
+                      "application/json");
+      if (res) answers[i] = {res->status, json::parse(res->body, nullptr, false)};
+    });
+  };
+  // The seat and the place: long answers, cut at the stop.
+  send(0, 1000);
+  bool waiting = eventually([&] { return decode_[0]->metric("tandem_num_requests_running") == 1; });
+  send(1, 1000);
+  // The second prefilled and waiting there (the prefill agent computes
+  // nothing more from here).
+  waiting = waiting && eventually([&] {
+              return routerMetric("tandem_router_reserved_requests", "agent=\"decode-0\"") == 2 &&
+                     decode_[0]->metric("tandem_num_requests_waiting") == 1;
+            });
+  send(2, 8);  // waits for room, holding the last slot
+  waiting =
+      waiting && eventually([&] { return routerMetric("tandem_router_inflight_requests") == 3; });
+  send(3, 8);  // waits for a slot
+  waiting =
+      waiting && eventually([&] { return routerMetric("tandem_router_queued_requests") == 1; });
+  const double computed = prefill_[0]->metric("tandem_computed_tokens_total");
+  router_->stop(/*grace_seconds=*/0.5);
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(waiting) << "the two requests never waited: nothing was tested";
+  for (const size_t i : {2, 3}) {
+    EXPECT_EQ(answers[i].first, 503) << i << " " << answers[i].second.dump();
+    EXPECT_EQ(answers[i].second["error"]["message"],
+              "the router is stopping and sent this request to no agent; retry it")
+        << i;
+  }
+  EXPECT_EQ(prefill_[0]->metric("tandem_computed_tokens_total"), computed);
 }
 
 TEST_F(RouterTest, BeyondItsQueueTheRouterAnswers503WithRetryAfter) {
