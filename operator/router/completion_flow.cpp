@@ -286,8 +286,11 @@ std::string prefillBody(Body body, const json& lent) {
   body.erase("min_tokens");
   body["stream"] = false;
   body.erase("stream_options");
-  // The prompt's KV only: a resumed stream's output is recomputed where it is decoded.
+  // The prompt's KV only: a resumed stream's output is recomputed where it
+  // is decoded; the answer's text is not this call's (nor, without its
+  // resumed tokens, would echo with logprobs take kv_transfer_params).
   body.erase("resume_token_ids");
+  body.erase("echo");
   body["kv_transfer_params"] = Body{{"do_remote_decode", true}};
   if (!lent.is_null()) body["kv_transfer_params"]["remote_prefix"] = Body(lent);
   return body.dump();

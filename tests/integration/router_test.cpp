@@ -194,6 +194,13 @@ class RouterTest : public RouterCluster {
     answer.blocks_moved = moved.empty() ? 0 : std::stoi(moved);
     return answer;
   }
+  // `answer` is a 400 naming `param` with `message`.
+  static void expectInvalid(const Answer& answer, const std::string& param,
+                            const std::string& message) {
+    EXPECT_EQ(answer.status, 400) << answer.body.dump();
+    EXPECT_EQ(answer.body["error"]["param"], param);
+    EXPECT_EQ(answer.body["error"]["message"], message);
+  }
   // Token ids of a streamed completion, and the raw SSE text.
   std::vector<int> streamedTokens(json body, std::string* raw = nullptr) {
     body["stream"] = true;
@@ -788,6 +795,51 @@ TEST_F(RouterTest, SeveralChoicesArePrefilledOnTheDecodeAgent) {
   EXPECT_EQ(answer.decision, "local_prefill");
   ASSERT_EQ(answer.body["choices"].size(), 3u);
   EXPECT_EQ(answer.body["choices"], colocated.post("/v1/completions", body)["choices"]);
+}
+
+// A client's own resumed stream (resume_token_ids) with echo and logprobs
+// needs no prompt position's logprobs (the stream it resumes sent them): it
+// is disaggregated as any request, its prefill call without echo, and
+// answers as an agent alone does. Before, the prefill agent refused it
+// ("echo needs every prompt position computed by this agent").
+TEST_F(RouterTest, AResumedStreamWithEchoAndLogprobsIsPrefilledOnAPrefillAgent) {
+  start(1, 1);
+  Agent colocated;
+  json body = greedy(randomPrompt(70, 955), 6);
+  const std::vector<int> all = tokenIds(colocated.post("/v1/completions", body));
+  ASSERT_EQ(all.size(), 6u);
+  body["stream"] = true;
+  body["echo"] = true;
+  body["logprobs"] = 1;
+  body["resume_token_ids"] = std::vector<int>(all.begin(), all.begin() + 2);
+  // The token ids and logprobs a stream carries.
+  auto read = [](const std::string& sse) {
+    json tokens = json::array(), logprobs = json::array();
+    std::istringstream events(sse);
+    for (std::string line; std::getline(events, line);) {
+      if (!line.starts_with("data: {")) continue;
+      const json event = json::parse(line.substr(6));
+      if (!event.contains("choices")) {
+        tokens.push_back(event);  // an error event
+        continue;
+      }
+      const json& choice = event["choices"][0];
+      for (const json& id : choice.value("token_ids", json::array())) tokens.push_back(id);
+      for (const json& value : choice["logprobs"].value("token_logprobs", json::array())) {
+        logprobs.push_back(value);
+      }
+    }
+    return std::pair{tokens, logprobs};
+  };
+  auto res = client_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("x-tandem-decision"), "disaggregated") << res->body;
+  const auto alone = colocated.client()->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(read(res->body), read(alone->body)) << res->body;
+  EXPECT_EQ(read(res->body).first, json(std::vector<int>(all.begin() + 2, all.end())));
+  EXPECT_EQ(read(res->body).second.size(), 4u) << res->body;
 }
 
 // The prompt's logprobs (echo with logprobs, prompt_logprobs) are computed
@@ -2189,20 +2241,33 @@ TEST_F(RouterTest, AnswersCutOnALoneAgentGoToItsProcessRestartedInPlace) {
   EXPECT_EQ(replacement->metric("tandem_requests_total", "finish_reason=\"length\""), 2);
 }
 
-// The small model, round robin, and a decode agent with one seat and one
-// waiting place (--max-num-seqs 1 --max-waiting-requests 1); the router
-// polls every `poll_interval_s` (600: once; by default as in other tests).
-RouterClusterOptions oneSeatAndOnePlace(
+// The small model, round robin, one prefill agent and a decode agent
+// started with each of `decode_args`; the router polls every
+// `poll_interval_s` (600: once; by default as in other tests).
+RouterClusterOptions decodeAgentsStartedWith(
+    std::vector<std::vector<std::string>> decode_args,
     double poll_interval_s = RouterClusterOptions().poll_interval_s) {
   RouterClusterOptions options;
   options.model = smallModelDir();
   options.policy = Policy::kRoundRobin;
   options.poll_interval_s = poll_interval_s;
-  options.agent_args = [](bool prefill, int) {
-    return prefill ? std::vector<std::string>{}
-                   : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
+  options.decodes = static_cast<int>(decode_args.size());
+  options.agent_args = [decode_args](bool prefill, int index) {
+    return prefill ? std::vector<std::string>{} : decode_args.at(static_cast<size_t>(index));
   };
   return options;
+}
+
+// A decode agent with one seat and one waiting place (--max-num-seqs 1
+// --max-waiting-requests 1).
+const std::vector<std::string> kOneSeatAndOnePlace = {"--max-num-seqs", "1",
+                                                      "--max-waiting-requests", "1"};
+
+// The small model, round robin, and one decode agent with one seat and one
+// waiting place; the router polls every `poll_interval_s`.
+RouterClusterOptions oneSeatAndOnePlace(
+    double poll_interval_s = RouterClusterOptions().poll_interval_s) {
+  return decodeAgentsStartedWith({kOneSeatAndOnePlace}, poll_interval_s);
 }
 
 // Fills the waiting queue of `agent` (started with --max-num-seqs 1 and
@@ -2393,16 +2458,7 @@ TEST_F(RouterTest, ARequestWaitsForAPlaceInAFullDecodeQueue) {
 // last poll is passed over: it refuses nothing (before, requests sent to it
 // were prefilled, refused, then sent to the other agent).
 TEST_F(RouterTest, ADecodeAgentWithAFullQueueIsPassedOverForOneWithRoom) {
-  RouterClusterOptions options;
-  options.model = smallModelDir();
-  options.decodes = 2;
-  options.policy = Policy::kRoundRobin;
-  options.agent_args = [](bool prefill, int index) {
-    return prefill || index == 1
-               ? std::vector<std::string>{}
-               : std::vector<std::string>{"--max-num-seqs", "1", "--max-waiting-requests", "1"};
-  };
-  startCluster(options);
+  startCluster(decodeAgentsStartedWith({kOneSeatAndOnePlace, {}}));
   Agent& full = *decode_[0];
   std::vector<std::thread> clients = fillQueueOf(full, 1170);
   const bool seen_full = eventually(
@@ -2461,16 +2517,8 @@ TEST_F(RouterTest, ARequestOfSeveralChoicesTakesASeatOrAPlacePerChoice) {
 // the field, with no agent asked. Before, it went where the policy sent it,
 // and that agent answered 400 while another could have served it.
 TEST_F(RouterTest, ARequestGoesToADecodeAgentThatHoldsAllItsChoices) {
-  RouterClusterOptions options;
-  options.model = smallModelDir();
-  options.decodes = 2;
-  options.policy = Policy::kRoundRobin;
-  options.agent_args = [](bool prefill, int index) {
-    if (prefill) return std::vector<std::string>{};
-    const std::string seats = index == 0 ? "1" : "2";
-    return std::vector<std::string>{"--max-num-seqs", seats, "--max-waiting-requests", seats};
-  };
-  startCluster(options);
+  startCluster(decodeAgentsStartedWith(
+      {kOneSeatAndOnePlace, {"--max-num-seqs", "2", "--max-waiting-requests", "2"}}));
   for (uint32_t seed = 1210; seed < 1214; ++seed) {
     json three = greedy(randomPrompt(20, seed), 4);
     three["n"] = 3;
@@ -2481,12 +2529,9 @@ TEST_F(RouterTest, ARequestGoesToADecodeAgentThatHoldsAllItsChoices) {
   }
   json five = greedy(randomPrompt(20, 1215), 4);
   five["n"] = 5;
-  const Answer refused = post(five);
-  EXPECT_EQ(refused.status, 400) << refused.body.dump();
-  EXPECT_EQ(refused.body["error"]["param"], "n");
-  EXPECT_EQ(refused.body["error"]["message"],
-            "this request is 5 engine requests (one per choice), more than any decode agent "
-            "(--max-num-seqs + --max-waiting-requests) holds at once (4)");
+  expectInvalid(post(five), "n",
+                "this request is 5 engine requests (one per choice), more than any decode agent "
+                "(--max-num-seqs + --max-waiting-requests) holds at once (4)");
   EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"invalid\""), 1);
   for (const auto& decode : decode_) {
     EXPECT_EQ(decode->metric("tandem_requests_total", "finish_reason=\"invalid\""), 0);
@@ -3263,12 +3308,10 @@ TEST_F(RouterTest, APriorityReachesThePrefillAndTheDecodeAgent) {
   EXPECT_GT(plain.blocks_moved, 0);
   body["prompt"] = randomPrompt(70, 74);
   body["priority"] = 7;
-  const Answer refused = post(body);
-  EXPECT_EQ(refused.status, 400) << refused.body.dump();
-  EXPECT_EQ(refused.body["error"]["param"], "priority");
-  EXPECT_EQ(refused.body["error"]["message"],
-            "priority must be 0 on an agent that serves first come, first served, got 7 (start "
-            "the agent with --scheduling-policy priority to serve requests by priority)");
+  expectInvalid(post(body), "priority",
+                "priority must be 0 on an agent that serves first come, first served, got 7 "
+                "(start the agent with --scheduling-policy priority to serve requests by "
+                "priority)");
   EXPECT_TRUE(eventually([&] { return prefill_[0]->metric("tandem_kv_held_blocks") == 0; }));
 }
 
