@@ -559,8 +559,23 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
 
   if (const RequestJson* seed = fields.find("seed")) {
     // Any 64-bit integer, signed or not; negative seeds wrap like a C cast.
+    const double number = seed->is_number_float() ? seed->get<double>() : 0.5;
     if (seed->is_number_unsigned()) {
       sampling.seed = seed->get<uint64_t>();
+    } else if (std::trunc(number) == number) {
+      // An integral float: read in the same range. -2^63 as a double was
+      // written below it (written in range, it is read as an integer).
+      if (number >= 0 && number < 18446744073709551616.0) {
+        sampling.seed = static_cast<uint64_t>(number);
+      } else if (number < 0 && number > -9223372036854775808.0) {
+        sampling.seed = static_cast<uint64_t>(static_cast<int64_t>(number));
+      } else {
+        fields.fail(
+            "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
+            "18446744073709551615), got " +
+                compactDump(*seed) + ", outside that range",
+            "seed");
+      }
     } else if (auto value = fields.integerValue("seed", *seed, kInt64Min, kInt64Max)) {
       sampling.seed = static_cast<uint64_t>(*value);
     }

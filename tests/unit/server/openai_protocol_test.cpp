@@ -347,6 +347,13 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
       bad(completion(R"("max_tokens": 18446744073709551615)"), "max_tokens",
           "max_tokens must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got "
           "18446744073709551615, outside that range"),
+      // A seed may be unsigned too: its range says so.
+      bad(completion(R"("seed": 18446744073709551616)"), "seed",
+          "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
+          "18446744073709551615), got 1.8446744073709552e+19, outside that range"),
+      bad(completion(R"("seed": -9223372036854775809)"), "seed",
+          "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
+          "18446744073709551615), got -9.223372036854776e+18, outside that range"),
       bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
       bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
           "min_tokens must be between 0 and max_tokens (5), got 10"),
@@ -1397,6 +1404,15 @@ TEST_F(ProtocolTest, CompletionValueSpellings) {
       {R"("seed": 18446744073709551615)",
        [](const ParsedRequest& r) {
          EXPECT_EQ(r.request.sampling.seed, std::numeric_limits<uint64_t>::max());
+       }},
+      // An integral float in that range, as an integer written so.
+      {R"("seed": 1e19)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.request.sampling.seed, uint64_t{10000000000000000000u});
+       }},
+      {R"("seed": -2.0)",
+       [](const ParsedRequest& r) {
+         EXPECT_EQ(r.request.sampling.seed, std::numeric_limits<uint64_t>::max() - 1);
        }},
       // A single stop string; temperature 0 (greedy); logprobs 0.
       {R"("stop": "\n", "temperature": 0, "logprobs": 0)",
