@@ -160,6 +160,15 @@ std::string completion(const std::string& extra) {
          (extra.empty() ? "" : ", " + extra) + "}";
 }
 
+// A completion whose seed, `written`, is past the seeds' range; it is read
+// as the double `read`.
+BadCase seedOutOfRange(const std::string& written, const std::string& read) {
+  return bad(completion("\"seed\": " + written), "seed",
+             "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
+             "18446744073709551615), got " +
+                 read + ", outside that range");
+}
+
 std::string chat(const std::string& extra) {
   return R"({"model": "tiny-model", "messages": [{"role": "user", "content": "Hi"}])" +
          (extra.empty() ? "" : ", " + extra) + "}";
@@ -348,12 +357,8 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "max_tokens must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), got "
           "18446744073709551615, outside that range"),
       // A seed may be unsigned too: its range says so.
-      bad(completion(R"("seed": 18446744073709551616)"), "seed",
-          "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
-          "18446744073709551615), got 1.8446744073709552e+19, outside that range"),
-      bad(completion(R"("seed": -9223372036854775809)"), "seed",
-          "seed must be a 64-bit integer, signed or not (-9223372036854775808 to "
-          "18446744073709551615), got -9.223372036854776e+18, outside that range"),
+      seedOutOfRange("18446744073709551616", "1.8446744073709552e+19"),
+      seedOutOfRange("-9223372036854775809", "-9.223372036854776e+18"),
       bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
       bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
           "min_tokens must be between 0 and max_tokens (5), got 10"),
