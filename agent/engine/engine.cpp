@@ -23,6 +23,13 @@ constexpr std::string_view kTooAmbiguous =
     "the structured output is too ambiguous to follow: its nested repeats parse the same text in "
     "too many ways";
 
+// The prompt tokens a sequence read from the prefix cache: a resumed
+// stream's cached blocks may reach into its resumed output, which is not
+// prompt (usage's cached_tokens is part of prompt_tokens).
+int64_t cachedPromptTokens(const Sequence& sequence) {
+  return std::min(sequence.num_cached_tokens, sequence.num_prompt_tokens);
+}
+
 }  // namespace
 
 struct Engine::Live {
@@ -557,12 +564,12 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   const StatusOr<int32_t> adapter = adapterFor(request.adapter);
   if (!adapter.isOk()) return adapter.status();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (draining_ && !request.joins_admitted) {
+  if (draining_ && request.joins.empty()) {
     return unavailable("the agent is draining: it takes no new requests");
   }
   // A later choice of an admitted request is served while the loop runs,
   // until the stop's deadline, as its first choice is.
-  if (stopping_ && (!request.joins_admitted || inbox_closed_)) {
+  if (stopping_ && (request.joins.empty() || inbox_closed_)) {
     return unavailable("the engine is shutting down");
   }
   if (known_ids_.count(request.id) != 0) {
@@ -571,14 +578,23 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   // Every seat taken and the queue full: the request (its places) would
   // wait beyond the bound. Held requests are counted, not free seats, so
   // that one whose seat its KV cache, not max_num_seqs, withholds counts
-  // too, and a router can count what it sent the same way.
-  if (!request.joins_admitted &&
-      stats_.num_running + waitingLocked() + request.admission_places > maxRequestsHeld()) {
+  // too, and a router can count what it sent the same way; so are the
+  // places kept for later choices of admitted requests.
+  if (request.joins.empty() &&
+      stats_.num_running + waitingLocked() + places_kept_ + request.admission_places >
+          maxRequestsHeld()) {
     return resourceExhausted("too many waiting requests (" +
                              std::to_string(config_.max_waiting_requests) + "); retry later");
   }
   known_ids_.emplace(request.id, true);
-  if (request.admission_places > 1 && !request.joins_admitted) joins_awaited_.insert(request.id);
+  if (request.admission_places > 1 && request.joins.empty()) {
+    joins_awaited_[request.id] = request.admission_places - 1;
+    places_kept_ += request.admission_places - 1;
+  } else if (const auto first = joins_awaited_.find(request.joins);
+             !request.joins.empty() && first != joins_awaited_.end() && first->second > 0) {
+    --first->second;  // its place, kept since its first choice's admission
+    --places_kept_;
+  }
   if (request.arrival == Clock::time_point{}) request.arrival = Clock::now();
   live->callback = std::move(callback);
   live->timings.arrival = request.arrival;
@@ -596,7 +612,11 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
 
 void Engine::joinsEnded(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (joins_awaited_.erase(request_id) != 0) wake_.notify_one();
+  const auto first = joins_awaited_.find(request_id);
+  if (first == joins_awaited_.end()) return;
+  places_kept_ -= first->second;  // those never added give theirs back
+  joins_awaited_.erase(first);
+  wake_.notify_one();
 }
 
 Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {
@@ -1600,7 +1620,7 @@ bool Engine::emitToken(Sequence* sequence, Live& live, const GeneratedToken& tok
     out.stop_token.reset();
   }
   out.num_prompt_tokens = sequence->num_prompt_tokens;
-  out.num_cached_tokens = sequence->num_cached_tokens;
+  out.num_cached_tokens = cachedPromptTokens(*sequence);
   out.num_generated_tokens = generated;
   if (!live.sent_first) {
     out.resumed_text = std::move(live.resumed_text);
@@ -1629,7 +1649,7 @@ RequestOutput Engine::finalOutput(const Sequence& sequence, FinishReason reason)
   out.request_id = sequence.request.id;
   out.finish_reason = reason;
   out.num_prompt_tokens = sequence.num_prompt_tokens;
-  out.num_cached_tokens = sequence.num_cached_tokens;
+  out.num_cached_tokens = cachedPromptTokens(sequence);
   out.num_generated_tokens = sequence.numGenerated();
   return out;
 }

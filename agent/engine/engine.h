@@ -545,8 +545,11 @@ class Engine {
   int64_t waitingLocked() const { return std::ssize(inbox_) + stats_.num_waiting; }
   std::unordered_map<std::string, bool> known_ids_;  // accepted and not yet finished
   // First choices admitted with later choices to come whose answers have
-  // not said joinsEnded: a stop waits for them (until its deadline).
-  std::unordered_set<std::string> joins_awaited_;
+  // not said joinsEnded, with the places kept for those not yet added: a
+  // stop waits for them (until its deadline), and the bound counts the
+  // places (places_kept_, their sum). Under mutex_.
+  std::unordered_map<std::string, int64_t> joins_awaited_;
+  int64_t places_kept_ = 0;
   bool stopping_ = false;
   // The loop has seen stopping_ (engine thread writes, under mutex_).
   bool stop_noticed_ = false;

@@ -309,7 +309,7 @@ boost::asio::awaitable<void> answerChoices(HttpExchange& exchange, engine::Engin
     // The first asks room for all; the others, added once it has its first
     // token, are part of an admitted request.
     child.admission_places = i == 0 ? static_cast<int64_t>(n) : 1;
-    child.joins_admitted = i > 0;
+    if (i > 0) child.joins = ids[c - i];
     if (child.sampling.seed) child.sampling.seed = *child.sampling.seed + i;
     // The first computes the prompt's logprobs; the others read its blocks.
     if (i > 0) child.sampling.prompt_logprobs.reset();

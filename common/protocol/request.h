@@ -115,10 +115,12 @@ struct Request {
   // asks room for every choice, since the others follow it.
   int64_t admission_places = 1;
   // A later choice of a request already admitted (n > 1, best_of: added
-  // once the first choice has computed the prompt): it joins its request,
-  // so neither the waiting-request bound nor a drain refuses it (either
-  // would fail a request that was accepted, its first choice's work lost).
-  bool joins_admitted = false;
+  // once the first choice has computed the prompt): the id of that first
+  // choice (empty: none). It joins its request, so neither the bound nor a
+  // drain refuses it (either would fail a request that was accepted, its
+  // first choice's work lost), and takes a place its first choice was
+  // admitted with.
+  std::string joins;
   Clock::time_point arrival = Clock::now();
 };
 

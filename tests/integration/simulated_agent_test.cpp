@@ -380,8 +380,8 @@ TEST(SimulatedAgent, StepTimesFollowTheProfile) {
 const std::string kSlowPrefillProfile = shortStepsProfile("test-slow-prefill", 0.01);
 
 // A request with n > 1 adds its later choices once the first has computed
-// the prompt. They join an admitted request: neither a waiting queue that
-// filled meanwhile nor a drain that began meanwhile refuses them (both used
+// the prompt. They join an admitted request: neither a full agent (their
+// places kept for them) nor a drain that began meanwhile refuses them (both used
 // to end the request with a 503 after its first choice's work, counted as
 // an abort, while requests that came later were served).
 TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
@@ -426,17 +426,19 @@ TEST(SimulatedAgent, LaterChoicesOfAnAdmittedRequestAreNotRefused) {
       };
       send(0);
       ASSERT_TRUE(eventually([&] { return waiting() == 1; }));
-      // One place is left: a request of two choices needs both.
-      json another = two;
-      another["prompt"] = randomPrompt(8, 50);
-      int refused_status = 0;
-      const json refused = agent.post("/v1/completions", another, &refused_status);
-      EXPECT_EQ(refused_status, 503) << refused.dump();
-      EXPECT_EQ(refused["error"]["message"], "too many waiting requests (2); retry later");
-      // The last place: the queue is full behind the first as its prefill
-      // step ends and its second choice comes.
-      send(1);
-      ASSERT_TRUE(eventually([&] { return waiting() == 2; }));
+      // The last place is kept for the first request's second choice: a
+      // request arriving now, of two choices or of one, is refused, and
+      // the agent is full as the first's prefill step ends and its second
+      // choice comes.
+      for (const int choices : {2, 1}) {
+        json another = two;
+        another["prompt"] = randomPrompt(8, 50 + static_cast<uint32_t>(choices));
+        another["n"] = choices;
+        int refused_status = 0;
+        const json refused = agent.post("/v1/completions", another, &refused_status);
+        EXPECT_EQ(refused_status, 503) << refused.dump();
+        EXPECT_EQ(refused["error"]["message"], "too many waiting requests (2); retry later");
+      }
     }
     const auto [status, out] = first.get();
     ASSERT_EQ(status, 200) << out.dump();
@@ -520,6 +522,50 @@ TEST(SimulatedAgent, AnAgentHoldsItsSeatsAndItsWaitingQueue) {
   EXPECT_EQ(out["error"]["message"], "too many waiting requests (1); retry later");
   for (auto& each : served) EXPECT_EQ(each.get(), 200);
   EXPECT_EQ(agent.metric("tandem_requests_total", "finish_reason=\"rejected\""), 1);
+}
+
+// The places of an admitted request's later choices (n > 1) are kept for
+// them from its admission until they join: requests arriving meanwhile
+// find them taken. Before, only the choices already in the engine were
+// counted, and a burst of n=3 requests had 8 admitted where 3 fit (24
+// engine requests on an agent holding 10).
+TEST(SimulatedAgent, TheLaterChoicesOfAnAdmittedRequestKeepTheirPlaces) {
+  Agent agent({"--simulate", profileFile("slow-prefill.yaml", kSlowPrefillProfile).string(),
+               "--max-num-seqs", "2", "--max-waiting-requests", "7"});
+  auto send = [&](uint32_t seed, int tokens) {
+    json body = greedy(randomPrompt(tokens, seed), 2);
+    body["n"] = 3;
+    return std::async(std::launch::async, [&agent, body] {
+      int status = 0;
+      json out = agent.post("/v1/completions", body, &status);
+      return std::pair{status, out};
+    });
+  };
+  // A's first choice runs a 4-second prefill step; its other two choices
+  // come after it. B and C wait in the inbox meanwhile.
+  auto a = send(90, 400);
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 1; }));
+  auto b = send(91, 8);
+  auto c = send(92, 8);
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_waiting") == 2; }));
+  // 1 running + 2 waiting + 6 places kept + 3 > 9.
+  int status = 0;
+  json d = greedy(randomPrompt(8, 93), 2);
+  d["n"] = 3;
+  const json refused = agent.post("/v1/completions", d, &status);
+  EXPECT_EQ(status, 503) << refused.dump();
+  EXPECT_EQ(refused["error"]["message"], "too many waiting requests (7); retry later");
+  for (auto* answer : {&a, &b, &c}) {
+    const auto [answer_status, out] = answer->get();
+    EXPECT_EQ(answer_status, 200) << out.dump();
+    EXPECT_EQ(out["choices"].size(), 3u) << out.dump();
+  }
+  // Every place given back: a request of all 9 is admitted once idle.
+  ASSERT_TRUE(eventually([&] { return agent.metric("tandem_num_requests_running") == 0; }));
+  d["n"] = 9;
+  const json nine = agent.post("/v1/completions", d, &status);
+  EXPECT_EQ(status, 200) << nine.dump();
+  EXPECT_EQ(nine["choices"].size(), 9u);
 }
 
 // At a stop's deadline a request that never began ends as one of a single

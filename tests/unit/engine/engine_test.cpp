@@ -1706,7 +1706,7 @@ TEST(EngineStop, LaterChoicesOfAnAdmittedRequestAreServedThoughTheStopCameFirst)
   };
   auto laterChoice = [&](const std::string& id) {
     Request later = greedyRequest(id, prompt, 3);
-    later.joins_admitted = true;
+    later.joins = "two-0";
     return later;
   };
   {
