@@ -563,11 +563,11 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
     if (seed->is_number_unsigned()) {
       sampling.seed = seed->get<uint64_t>();
     } else if (std::trunc(number) == number) {
-      // An integral float: read in the same range. -2^63 as a double was
-      // written below it (written in range, it is read as an integer).
+      // An integral float: read in the same range, as the double it is
+      // read as (a number written past 64 bits is rounded to one).
       if (number >= 0 && number < 18446744073709551616.0) {
         sampling.seed = static_cast<uint64_t>(number);
-      } else if (number < 0 && number > -9223372036854775808.0) {
+      } else if (number < 0 && number >= -9223372036854775808.0) {
         sampling.seed = static_cast<uint64_t>(static_cast<int64_t>(number));
       } else {
         fields.fail(

@@ -918,6 +918,11 @@ TEST(Server, AResumedStreamContinuesTheUninterruptedOne) {
       EXPECT_EQ(continued_text, rest_text);
       EXPECT_EQ(rest.usage["completion_tokens"], 20);
       EXPECT_EQ(rest.usage["prompt_tokens"], whole.usage["prompt_tokens"]);
+      // Its cached tokens are prompt tokens: the cached blocks of its
+      // resumed output are not counted (they made cached_tokens exceed
+      // prompt_tokens).
+      EXPECT_LE(rest.usage.at("prompt_tokens_details").at("cached_tokens").get<int>(),
+                rest.usage.at("prompt_tokens").get<int>());
     }
   }
   int status = 0;

@@ -358,7 +358,7 @@ TEST_F(ProtocolTest, CompletionRefusesBadInput) {
           "18446744073709551615, outside that range"),
       // A seed may be unsigned too: its range says so.
       seedOutOfRange("18446744073709551616", "1.8446744073709552e+19"),
-      seedOutOfRange("-9223372036854775809", "-9.223372036854776e+18"),
+      seedOutOfRange("-9223372036854777856", "-9.223372036854778e+18"),
       bad(completion(R"("min_tokens": -1)"), "min_tokens", "min_tokens must be at least 0, got -1"),
       bad(completion(R"("max_tokens": 5, "min_tokens": 10)"), "min_tokens",
           "min_tokens must be between 0 and max_tokens (5), got 10"),
@@ -1415,6 +1415,9 @@ TEST_F(ProtocolTest, CompletionValueSpellings) {
        [](const ParsedRequest& r) {
          EXPECT_EQ(r.request.sampling.seed, uint64_t{10000000000000000000u});
        }},
+      // -2^63 written as a float is in range.
+      {R"("seed": -9.223372036854775808e18)",
+       [](const ParsedRequest& r) { EXPECT_EQ(r.request.sampling.seed, uint64_t{1} << 63); }},
       {R"("seed": -2.0)",
        [](const ParsedRequest& r) {
          EXPECT_EQ(r.request.sampling.seed, std::numeric_limits<uint64_t>::max() - 1);
