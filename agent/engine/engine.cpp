@@ -581,7 +581,7 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   // too, and a router can count what it sent the same way; so are the
   // places kept for later choices of admitted requests.
   if (request.joins.empty() &&
-      stats_.num_running + waitingLocked() + places_kept_ + request.admission_places >
+      stats_.num_running + waitingLocked() + placesKeptLocked() + request.admission_places >
           maxRequestsHeld()) {
     return resourceExhausted("too many waiting requests (" +
                              std::to_string(config_.max_waiting_requests) + "); retry later");
@@ -589,11 +589,9 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
   known_ids_.emplace(request.id, true);
   if (request.admission_places > 1 && request.joins.empty()) {
     joins_awaited_[request.id] = request.admission_places - 1;
-    places_kept_ += request.admission_places - 1;
   } else if (const auto first = joins_awaited_.find(request.joins);
              !request.joins.empty() && first != joins_awaited_.end() && first->second > 0) {
     --first->second;  // its place, kept since its first choice's admission
-    --places_kept_;
   }
   if (request.arrival == Clock::time_point{}) request.arrival = Clock::now();
   live->callback = std::move(callback);
@@ -612,11 +610,8 @@ Status Engine::addRequest(Request request, OutputCallback callback) {
 
 void Engine::joinsEnded(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto first = joins_awaited_.find(request_id);
-  if (first == joins_awaited_.end()) return;
-  places_kept_ -= first->second;  // those never added give theirs back
-  joins_awaited_.erase(first);
-  wake_.notify_one();
+  // Those never added give their places back.
+  if (joins_awaited_.erase(request_id) != 0) wake_.notify_one();
 }
 
 Status Engine::releaseTransfer(const nlohmann::json& kv_transfer_params) {

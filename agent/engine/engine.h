@@ -547,9 +547,13 @@ class Engine {
   // First choices admitted with later choices to come whose answers have
   // not said joinsEnded, with the places kept for those not yet added: a
   // stop waits for them (until its deadline), and the bound counts the
-  // places (places_kept_, their sum). Under mutex_.
+  // places. Under mutex_.
   std::unordered_map<std::string, int64_t> joins_awaited_;
-  int64_t places_kept_ = 0;
+  int64_t placesKeptLocked() const {
+    int64_t kept = 0;
+    for (const auto& [first, places] : joins_awaited_) kept += places;
+    return kept;
+  }
   bool stopping_ = false;
   // The loop has seen stopping_ (engine thread writes, under mutex_).
   bool stop_noticed_ = false;
