@@ -75,14 +75,10 @@ struct AgentState {
   // best_of, several prompts) sent now ("too many waiting requests"): the
   // load others gave it at the last poll (`view`'s), with the requests the
   // router has reserved on it since, leaves too few of the requests it
-  // holds. An agent that does not give its seats: its waiting queue as
-  // last polled.
+  // holds (never while those are not known).
   bool queueFull(const AgentView& view, int64_t places) const {
-    if (const int64_t held = maxRequestsHeld(); held > 0) {
-      return view.external_requests + view.reserved_requests + places > held;
-    }
-    const int64_t most = max_waiting_requests;
-    return most > 0 && waiting + places > most;
+    const int64_t held = maxRequestsHeld();
+    return held > 0 && view.external_requests + view.reserved_requests + places > held;
   }
   // Of the polled running + waiting, those the router's ledger did not hold
   // while the poll was under way: load another router or client sent.

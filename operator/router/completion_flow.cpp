@@ -53,6 +53,11 @@ HttpResponse unavailable(const std::string& message) {
   return server::httpErrorResponse(503, message, "service_unavailable");
 }
 
+// A refusal in the agents' words and shape, with its status.
+HttpResponse apiErrorResponse(const server::ApiError& error) {
+  return server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error)));
+}
+
 // Ends a stream whose answer is complete: its [DONE], unless the agent's
 // went through already, then the end of the chunked body.
 awaitable<void> endStream(HttpExchange& exchange, bool done_sent) {
@@ -517,8 +522,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
   if (!parsed.isOk()) {
     metrics_.countDecision("invalid");
     const server::ApiError& error = parsed.error();
-    co_await exchange.respond(
-        server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
+    co_await exchange.respond(apiErrorResponse(error));
     co_return;
   }
   // Forwarded as the client wrote it: a JSON schema's properties and a
@@ -578,8 +582,7 @@ awaitable<void> CompletionFlow::complete(HttpExchange& exchange, bool chat) {
     metrics_.countDecision("invalid");
     const server::ApiError error = server::tooManyEngineRequests(
         parsed.value(), most, "any decode agent (--max-num-seqs + --max-waiting-requests)");
-    co_await exchange.respond(
-        server::httpJsonResponse(error.status, server::compactDump(server::errorBody(error))));
+    co_await exchange.respond(apiErrorResponse(error));
     co_return;
   }
   // Every healthy decode agent's queue full: the request waits for a place
