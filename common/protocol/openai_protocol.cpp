@@ -559,10 +559,12 @@ void readCommonFields(FieldReader& fields, const ServerLimits& limits, const Tok
 
   if (const RequestJson* seed = fields.find("seed")) {
     // Any 64-bit integer, signed or not; negative seeds wrap like a C cast.
-    const double number = seed->is_number_float() ? seed->get<double>() : 0.5;
+    const bool integral_float =
+        seed->is_number_float() && std::trunc(seed->get<double>()) == seed->get<double>();
     if (seed->is_number_unsigned()) {
       sampling.seed = seed->get<uint64_t>();
-    } else if (std::trunc(number) == number) {
+    } else if (integral_float) {
+      const double number = seed->get<double>();
       // An integral float: read in the same range, as the double it is
       // read as (a number written past 64 bits is rounded to one).
       if (number >= 0 && number < 18446744073709551616.0) {
