@@ -69,6 +69,16 @@ std::string withDecodeSpec(std::string yaml, const std::string& lines) {
   return yaml;
 }
 
+// `yaml` with its decode agents' shutdown timeout at 30 s (their default),
+// not the 5 s of clusterYaml: for tests whose streams are handed over to
+// agents started at the drain, whose KV the drained agents hold that long;
+// a loaded machine starts an agent more slowly than 5 s.
+std::string withDecodeHoldingHandedOverKv(std::string yaml) {
+  const size_t at = yaml.find("shutdownTimeoutSeconds: 5\n", yaml.find("kind: DecodePool"));
+  yaml.replace(at, 26, "shutdownTimeoutSeconds: 30\n");
+  return yaml;
+}
+
 // An env entry of the DecodePool's spec: a change of spec that leaves the
 // command line alone.
 std::string decodeEnv(const std::string& value) {
@@ -1466,7 +1476,9 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
 // handed-over streams paused until then and their KV was lost with it.
 TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWithTheirKv) {
   const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: \"100%\"\n";
-  const fs::path file = dir_.write("cluster.yaml", withDecodeSpec(smallClusterYaml(1, 2), rollout));
+  const std::string yaml =
+      withDecodeSpec(withDecodeHoldingHandedOverKv(smallClusterYaml(1, 2)), rollout);
+  const fs::path file = dir_.write("cluster.yaml", yaml);
   Subprocess op({binary_.string(), "local", "-f", file.string(), "--port", "0"},
                 dir_.path() / "stderr");
   std::map<std::string, int> ports;
@@ -1480,7 +1492,7 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
   const bool busy = decodeAgentsRunTwoStreamsEach(ports);
   std::map<std::string, int> fresh;  // the replacements' ports
   if (busy) {
-    rewrite(file, withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 2), rollout), decodeEnv("1")));
+    rewrite(file, withDecodeSpec(yaml, decodeEnv("1")));
     fresh = newDecodeAgentPorts(op, 2);
   }
   for (auto& client : clients) client.join();
@@ -1507,14 +1519,8 @@ TEST_F(OperatorBinaryTest, ARolloutReplacingEveryAgentAtOnceResumesTheStreamsWit
 // shutdown timeout, with nothing reading their holds), and the streams
 // paused that long and recomputed their KV.
 TEST_F(OperatorBinaryTest, DecodeAgentsDrainedFromOutsideAreReplacedAtOnce) {
-  // The drained agents hold the handed-over KV for 30 s (their default), not
-  // the 5 s of the other tests: a loaded machine starts the replacements
-  // more slowly than that.
-  std::string yaml = smallClusterYaml(1, 2);
-  const size_t decode_timeout =
-      yaml.find("shutdownTimeoutSeconds: 5", yaml.find("kind: DecodePool"));
-  yaml.replace(decode_timeout, 25, "shutdownTimeoutSeconds: 30");
-  const fs::path file = dir_.write("cluster.yaml", yaml);
+  const fs::path file =
+      dir_.write("cluster.yaml", withDecodeHoldingHandedOverKv(smallClusterYaml(1, 2)));
   Subprocess op(
       {binary_.string(), "local", "-f", file.string(), "--port", "0", "--liveness-period", "0.2"},
       dir_.path() / "stderr");
