@@ -2316,6 +2316,34 @@ TEST_F(RouterTest, AFullDecodeQueueIsPassedOnAsLoadNotAsAFailure) {
   EXPECT_EQ(decode.metric("tandem_requests_total", "finish_reason=\"rejected\""), 1);
 }
 
+// A decode agent refuses a request for load (its queue filled by its own
+// clients; the router polls once and cannot see it): the next decode agent
+// serves it, and the request is counted retried, as one sent again after a
+// decode agent failed, without counting the refusing agent's error.
+TEST_F(RouterTest, ARequestADecodeAgentRefusesForLoadIsServedByTheNextAndCountedRetried) {
+  startCluster(decodeAgentsStartedWith({kOneSeatAndOnePlace, {}}, 600));
+  Agent& full = *decode_[0];
+  std::vector<std::thread> clients = fillQueueOf(full, 1105);
+  const bool filled = eventually([&] { return full.metric("tandem_num_requests_waiting") == 1; });
+  // Round robin: of two requests, at least one is sent to decode-0 first.
+  std::vector<Answer> answers;
+  for (uint32_t seed = 1107; seed < 1109 && filled; ++seed) {
+    answers.push_back(post(greedy(randomPrompt(40, seed), 8)));
+  }
+  for (auto& client : clients) client.join();
+  ASSERT_TRUE(filled) << "decode-0's queue never filled: nothing was tested";
+  for (const Answer& answer : answers) {
+    EXPECT_EQ(answer.status, 200) << answer.body.dump();
+    EXPECT_EQ(answer.decode_agent, "decode-1");
+    EXPECT_EQ(tokenIds(answer.body).size(), 8u);
+  }
+  const double refused = full.metric("tandem_requests_total", "finish_reason=\"rejected\"");
+  EXPECT_GE(refused, 1);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"retried\""), refused);
+  EXPECT_EQ(routerMetric("tandem_router_requests_total", "decision=\"rejected\""), 0);
+  EXPECT_EQ(routerMetric("tandem_router_upstream_errors_total", "agent=\"decode-0\""), 0);
+}
+
 // A decode agent whose waiting queue the router saw full at its last poll
 // would refuse a request once a prefill agent had computed its prompt: the
 // router refuses it first (503, Retry-After), and the prefill agent
