@@ -69,14 +69,23 @@ std::string withDecodeSpec(std::string yaml, const std::string& lines) {
   return yaml;
 }
 
+// `yaml` with its agents' shutdown timeout (clusterYaml's 5 s) at
+// `seconds`: every pool's, or (`decode_only`) the DecodePool's, which
+// clusterYaml writes after the PrefillPool.
+std::string withShutdownTimeout(std::string yaml, int seconds, bool decode_only) {
+  const std::string five = "shutdownTimeoutSeconds: 5\n";
+  const std::string set = "shutdownTimeoutSeconds: " + std::to_string(seconds) + "\n";
+  size_t at = decode_only ? yaml.find("kind: DecodePool") : 0;
+  while ((at = yaml.find(five, at)) != std::string::npos) yaml.replace(at, five.size(), set);
+  return yaml;
+}
+
 // `yaml` with its decode agents' shutdown timeout at 30 s (their default),
 // not the 5 s of clusterYaml: for tests whose streams are handed over to
 // agents started at the drain, whose KV the drained agents hold that long;
 // a loaded machine starts an agent more slowly than 5 s.
-std::string withDecodeHoldingHandedOverKv(std::string yaml) {
-  const size_t at = yaml.find("shutdownTimeoutSeconds: 5\n", yaml.find("kind: DecodePool"));
-  yaml.replace(at, 26, "shutdownTimeoutSeconds: 30\n");
-  return yaml;
+std::string withDecodeHoldingHandedOverKv(const std::string& yaml) {
+  return withShutdownTimeout(yaml, 30, /*decode_only=*/true);
 }
 
 // An env entry of the DecodePool's spec: a change of spec that leaves the
@@ -1413,12 +1422,9 @@ TEST_F(OperatorBinaryTest, ARolledAgentDrainsWithinItsShutdownTimeoutNotTheStopT
   const std::string rollout = "  rollout:\n    maxSurge: 0\n    maxUnavailable: 1\n";
   // A shutdown timeout no answer outlasts, however loaded the machine.
   auto yaml = [&rollout](const std::string& extra) {
-    std::string text = withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), extra);
-    const std::string five = "shutdownTimeoutSeconds: 5\n";
-    for (size_t at; (at = text.find(five)) != std::string::npos;) {
-      text.replace(at, five.size(), "shutdownTimeoutSeconds: 120\n");
-    }
-    return text;
+    return withShutdownTimeout(
+        withDecodeSpec(withDecodeSpec(smallClusterYaml(1, 1), rollout), extra), 120,
+        /*decode_only=*/false);
   };
   const fs::path file = dir_.write("cluster.yaml", yaml(""));
   Subprocess op(
